@@ -1,0 +1,2 @@
+//! tower-agent
+pub fn _x() {}
