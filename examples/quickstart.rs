@@ -1,1 +1,2 @@
+//! Placeholder until the quickstart lands.
 fn main() {}

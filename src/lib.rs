@@ -1,2 +1,19 @@
-//! tower-agent
-pub fn _x() {}
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+pub mod context;
+pub mod error;
+pub mod event;
+pub mod hooks;
+pub mod request;
+pub mod service;
+pub mod types;
+
+pub use context::RunContext;
+pub use error::{tripwire, tripwire_with, AgentError, BoxError, ErrorKind, ProviderError};
+pub use request::{DeltaSink, ModelCall, RunInput, RunRequest, ToolInvocation, ToolOutput};
+pub use service::{
+    tool_fn, tool_fn_ctx, tool_sync, Agent, AgentBuilder, AgentTool, BoxAgent, BoxModel, BoxTool,
+    FnTool, ScriptedModel, ScriptedTurn, ToolDef, ToolRouter,
+};
+pub use types::{AgentRun, Message, Usage};

@@ -1,0 +1,525 @@
+//! [`RunContext`]: the run's handle, carried by every request.
+//!
+//! `Service::call` has no side channel, so each boundary's request
+//! ([`RunRequest`](crate::RunRequest), [`ModelCall`](crate::ModelCall),
+//! [`ToolInvocation`](crate::ToolInvocation)) carries the context of the run it
+//! belongs to. Cloning it costs one reference count. Hooks and layers read it;
+//! they never own the run's state.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_agent::RunContext;
+//!
+//! let ctx = RunContext::builder().thread_id("t-1").timeout(Duration::from_secs(30)).build();
+//! let child = ctx.child();
+//! assert_eq!(child.parent_run_id(), Some(ctx.run_id()));
+//! ctx.cancel();
+//! assert!(child.is_cancelled()); // nested runs get child tokens
+//!
+//! child.add_context("The user is on the premium plan.");
+//! child.stop("enough");
+//! assert_eq!(child.stop_requested().unwrap().reason, "enough");
+//! ```
+
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+use crate::event::{AgentEvent, EventSink, NoopSink};
+use crate::hooks::RunHooks;
+use crate::types::{StopReason, Usage};
+
+/// One entry of the usage ledger: one model call that reached a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageEntry {
+    /// The run that made the call.
+    pub run_id: Arc<str>,
+    /// The agent of that run.
+    pub agent: Option<Arc<str>>,
+    /// The model that answered.
+    pub model: String,
+    /// What it cost.
+    pub usage: Usage,
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    own: Usage,
+    total: Usage,
+    entries: Vec<UsageEntry>,
+}
+
+/// The run's handle: ids, turn, cancellation, deadline, shared state, usage
+/// ledger, event sink and the hook points. See the [module docs](self).
+///
+/// # Clone
+///
+/// Clones are handles to the same run.
+#[derive(Clone)]
+pub struct RunContext {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    run_id: Arc<str>,
+    thread_id: Option<Arc<str>>,
+    parent: Option<RunContext>,
+    agent_name: OnceLock<Arc<str>>,
+    iteration: AtomicU32,
+    cancel: CancellationToken,
+    deadline: Option<Instant>,
+    state: Mutex<http::Extensions>,
+    ledger: Mutex<Ledger>,
+    events: Arc<dyn EventSink>,
+    hooks: RwLock<Option<Arc<dyn RunHooks>>>,
+    pending_context: Mutex<Vec<String>>,
+    stop: Mutex<Option<StopReason>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A fresh, random run id such as `run_3f9a0c1b2d4e5f60`.
+pub fn new_run_id() -> Arc<str> {
+    Arc::from(format!("run_{:016x}", rand::random::<u64>()))
+}
+
+impl RunContext {
+    /// A root context with a fresh run id and nothing else set.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A builder for a root context.
+    pub fn builder() -> RunContextBuilder {
+        RunContextBuilder::default()
+    }
+
+    /// A context for a run nested in this one (an agent used as a tool): a
+    /// fresh run id, this run as parent, a child cancellation token, the same
+    /// deadline, thread, event sink and hook points, and its own state and
+    /// ledger, whose usage rolls up into this one's total.
+    pub fn child(&self) -> RunContext {
+        RunContext {
+            inner: Arc::new(Inner {
+                run_id: new_run_id(),
+                thread_id: self.inner.thread_id.clone(),
+                parent: Some(self.clone()),
+                agent_name: OnceLock::new(),
+                iteration: AtomicU32::new(0),
+                cancel: self.inner.cancel.child_token(),
+                deadline: self.inner.deadline,
+                state: Mutex::default(),
+                ledger: Mutex::default(),
+                events: self.inner.events.clone(),
+                hooks: RwLock::new(self.hooks()),
+                pending_context: Mutex::default(),
+                stop: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The run's id.
+    pub fn run_id(&self) -> &Arc<str> {
+        &self.inner.run_id
+    }
+
+    /// The thread (conversation) the run belongs to, if any.
+    pub fn thread_id(&self) -> Option<&str> {
+        self.inner.thread_id.as_deref()
+    }
+
+    /// The parent run's context, for a nested run.
+    pub fn parent(&self) -> Option<&RunContext> {
+        self.inner.parent.as_ref()
+    }
+
+    /// The parent run's id, for a nested run.
+    pub fn parent_run_id(&self) -> Option<&Arc<str>> {
+        self.parent().map(RunContext::run_id)
+    }
+
+    /// The root run of the tree this run belongs to.
+    pub fn root(&self) -> &RunContext {
+        let mut ctx = self;
+        while let Some(parent) = ctx.parent() {
+            ctx = parent;
+        }
+        ctx
+    }
+
+    /// How deep the run is nested: 0 for a root run.
+    pub fn depth(&self) -> usize {
+        let mut depth = 0;
+        let mut ctx = self;
+        while let Some(parent) = ctx.parent() {
+            depth += 1;
+            ctx = parent;
+        }
+        depth
+    }
+
+    /// The agent running this context, once the run started.
+    pub fn agent_name(&self) -> Option<&Arc<str>> {
+        self.inner.agent_name.get()
+    }
+
+    /// Names the agent running this context. The first name set stays.
+    pub fn set_agent_name(&self, name: &Arc<str>) {
+        let _ = self.inner.agent_name.set(name.clone());
+    }
+
+    /// The model turn: 0 before the first, then 1, 2, …
+    pub fn iteration(&self) -> u32 {
+        self.inner.iteration.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_iteration(&self, iteration: u32) {
+        self.inner.iteration.store(iteration, Ordering::Relaxed);
+    }
+
+    /// The run's cancellation token. Cancelling it ends the run with
+    /// `CANCELLED` and cancels every nested run.
+    pub fn cancellation_token(&self) -> &CancellationToken {
+        &self.inner.cancel
+    }
+
+    /// Cancels the run and its nested runs.
+    pub fn cancel(&self) {
+        self.inner.cancel.cancel();
+    }
+
+    /// Whether the run was cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+
+    /// Completes when the run is cancelled.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.inner.cancel.cancelled()
+    }
+
+    /// When the run must be done, if a deadline was set.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.inner.deadline
+    }
+
+    /// The time left to the deadline (zero once passed), if one was set.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.inner
+            .deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Stores a value of type `T` in the run's shared state, returning the
+    /// previous one. Middleware use it to share per-run data.
+    pub fn insert_state<T: Clone + Send + Sync + 'static>(&self, value: T) -> Option<T> {
+        lock(&self.inner.state).insert(value)
+    }
+
+    /// A clone of the state value of type `T`, if any.
+    pub fn state<T: Clone + Send + Sync + 'static>(&self) -> Option<T> {
+        lock(&self.inner.state).get::<T>().cloned()
+    }
+
+    /// Runs `f` with the run's state map locked. Keep it short, and do not
+    /// touch the state again from inside `f`.
+    pub fn with_state<R>(&self, f: impl FnOnce(&mut http::Extensions) -> R) -> R {
+        f(&mut lock(&self.inner.state))
+    }
+
+    /// Records the usage of one model call that reached a backend: into this
+    /// run's own usage, and into the total of this run and of every run it is
+    /// nested in. Providers call this; see
+    /// [`ModelResponse::usage_recorded`](crate::types::ModelResponse::usage_recorded).
+    pub fn record_usage(&self, model: &str, usage: Usage) {
+        let entry = UsageEntry {
+            run_id: self.inner.run_id.clone(),
+            agent: self.agent_name().cloned(),
+            model: model.to_owned(),
+            usage,
+        };
+        lock(&self.inner.ledger).own += usage;
+        let mut ctx = Some(self);
+        while let Some(c) = ctx {
+            let mut ledger = lock(&c.inner.ledger);
+            ledger.total += usage;
+            ledger.entries.push(entry.clone());
+            drop(ledger);
+            ctx = c.parent();
+        }
+    }
+
+    /// Starts the ledger from a checkpoint's figures (a resumed run).
+    pub(crate) fn seed_usage(&self, own: Usage, total: Usage) {
+        let mut ledger = lock(&self.inner.ledger);
+        ledger.own += own;
+        ledger.total += total;
+    }
+
+    /// The usage of this run's own model calls.
+    pub fn usage(&self) -> Usage {
+        lock(&self.inner.ledger).own
+    }
+
+    /// The usage of this run and of every run nested in it.
+    pub fn total_usage(&self) -> Usage {
+        lock(&self.inner.ledger).total
+    }
+
+    /// One entry per model call of this run and the runs nested in it, in
+    /// the order they were recorded.
+    pub fn usage_entries(&self) -> Vec<UsageEntry> {
+        lock(&self.inner.ledger).entries.clone()
+    }
+
+    /// The event sink.
+    pub fn events(&self) -> &Arc<dyn EventSink> {
+        &self.inner.events
+    }
+
+    /// Emits the event `f` builds, if the sink wants events.
+    #[inline]
+    pub fn emit(&self, f: impl FnOnce() -> AgentEvent) {
+        if self.inner.events.enabled() {
+            self.inner.events.emit(f());
+        }
+    }
+
+    /// Writes a custom entry to the run's event log.
+    pub fn log_event(&self, name: impl Into<String>, data: Value) {
+        self.emit(|| AgentEvent::Custom {
+            run_id: self.inner.run_id.clone(),
+            name: name.into(),
+            data,
+        });
+    }
+
+    /// Adds a system message to the next model call, kept in the transcript.
+    pub fn add_context(&self, text: impl Into<String>) {
+        lock(&self.inner.pending_context).push(text.into());
+    }
+
+    /// Takes the texts [`add_context`](Self::add_context) collected.
+    pub fn take_context(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.inner.pending_context))
+    }
+
+    /// Ends the run before its next model call: it completes with status
+    /// *stopped* and `reason`. The stack names the middleware (or the tool)
+    /// that asked; use [`stop_by`](Self::stop_by) to name it yourself.
+    pub fn stop(&self, reason: impl Into<String>) {
+        self.set_stop(StopReason {
+            reason: reason.into(),
+            by: None,
+        });
+    }
+
+    /// Like [`stop`](Self::stop), naming who asked.
+    pub fn stop_by(&self, by: impl Into<String>, reason: impl Into<String>) {
+        self.set_stop(StopReason {
+            reason: reason.into(),
+            by: Some(by.into()),
+        });
+    }
+
+    fn set_stop(&self, reason: StopReason) {
+        lock(&self.inner.stop).get_or_insert(reason);
+    }
+
+    /// The stop asked for, if any. The first request wins.
+    pub fn stop_requested(&self) -> Option<StopReason> {
+        lock(&self.inner.stop).clone()
+    }
+
+    /// Names `by` as who asked for a stop that was asked for anonymously.
+    pub fn attribute_stop(&self, by: &str) {
+        if let Some(stop) = lock(&self.inner.stop).as_mut() {
+            if stop.by.is_none() {
+                stop.by = Some(by.to_owned());
+            }
+        }
+    }
+
+    /// The hook points installed for this run (by the lifecycle layer, or
+    /// inherited from the parent run), if any.
+    pub fn hooks(&self) -> Option<Arc<dyn RunHooks>> {
+        self.inner
+            .hooks
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Installs the hook points the run loop calls, replacing any. The
+    /// lifecycle layer composes what it installs with what was inherited.
+    pub fn install_hooks(&self, hooks: Option<Arc<dyn RunHooks>>) {
+        *self
+            .inner
+            .hooks
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = hooks;
+    }
+}
+
+impl Default for RunContext {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for RunContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunContext")
+            .field("run_id", &self.inner.run_id)
+            .field("parent_run_id", &self.parent_run_id())
+            .field("agent", &self.agent_name())
+            .field("iteration", &self.iteration())
+            .field("cancelled", &self.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a root [`RunContext`].
+#[derive(Default)]
+pub struct RunContextBuilder {
+    run_id: Option<Arc<str>>,
+    thread_id: Option<Arc<str>>,
+    cancel: Option<CancellationToken>,
+    deadline: Option<Instant>,
+    events: Option<Arc<dyn EventSink>>,
+    state: http::Extensions,
+}
+
+impl fmt::Debug for RunContextBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunContextBuilder")
+            .field("run_id", &self.run_id)
+            .field("thread_id", &self.thread_id)
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunContextBuilder {
+    /// Uses this run id instead of a random one.
+    pub fn run_id(mut self, id: impl Into<Arc<str>>) -> Self {
+        self.run_id = Some(id.into());
+        self
+    }
+
+    /// The thread the run belongs to.
+    pub fn thread_id(mut self, id: impl Into<Arc<str>>) -> Self {
+        self.thread_id = Some(id.into());
+        self
+    }
+
+    /// A cancellation token of the caller's.
+    pub fn cancellation(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    /// The instant by which the run must be done.
+    pub fn deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// A deadline `timeout` from now.
+    pub fn timeout(self, timeout: Duration) -> Self {
+        self.deadline(Instant::now() + timeout)
+    }
+
+    /// Where the run's events go.
+    pub fn events(mut self, sink: impl EventSink) -> Self {
+        self.events = Some(Arc::new(sink));
+        self
+    }
+
+    /// Where the run's events go, shared.
+    pub fn events_arc(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.events = Some(sink);
+        self
+    }
+
+    /// A value for the run's shared state.
+    pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.state.insert(value);
+        self
+    }
+
+    /// The context.
+    pub fn build(self) -> RunContext {
+        RunContext {
+            inner: Arc::new(Inner {
+                run_id: self.run_id.unwrap_or_else(new_run_id),
+                thread_id: self.thread_id,
+                parent: None,
+                agent_name: OnceLock::new(),
+                iteration: AtomicU32::new(0),
+                cancel: self.cancel.unwrap_or_default(),
+                deadline: self.deadline,
+                state: Mutex::new(self.state),
+                ledger: Mutex::default(),
+                events: self.events.unwrap_or_else(|| Arc::new(NoopSink)),
+                hooks: RwLock::new(None),
+                pending_context: Mutex::default(),
+                stop: Mutex::default(),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_rolls_up_exactly_once() {
+        let root = RunContext::new();
+        let child = root.child();
+        let grandchild = child.child();
+        root.record_usage("m", Usage::new(1, 1));
+        child.record_usage("m", Usage::new(10, 10));
+        grandchild.record_usage("m", Usage::new(100, 100));
+        assert_eq!(root.usage(), Usage::new(1, 1));
+        assert_eq!(root.total_usage(), Usage::new(111, 111));
+        assert_eq!(child.total_usage(), Usage::new(110, 110));
+        assert_eq!(grandchild.total_usage(), Usage::new(100, 100));
+        assert_eq!(root.usage_entries().len(), 3);
+        assert_eq!(grandchild.depth(), 2);
+        assert_eq!(grandchild.root().run_id(), root.run_id());
+    }
+
+    #[test]
+    fn first_stop_wins_and_is_attributed() {
+        let ctx = RunContext::new();
+        ctx.stop("first");
+        ctx.stop_by("other", "second");
+        ctx.attribute_stop("tool:lookup");
+        let stop = ctx.stop_requested().unwrap();
+        assert_eq!(stop.reason, "first");
+        assert_eq!(stop.by.as_deref(), Some("tool:lookup"));
+    }
+
+    #[test]
+    fn state_is_typed() {
+        #[derive(Clone, PartialEq, Debug)]
+        struct Tenant(u32);
+        let ctx = RunContext::builder().state(Tenant(3)).build();
+        assert_eq!(ctx.state::<Tenant>(), Some(Tenant(3)));
+        assert_eq!(ctx.insert_state(Tenant(4)), Some(Tenant(3)));
+        assert_eq!(
+            ctx.with_state(|s| s.get::<Tenant>().cloned()),
+            Some(Tenant(4))
+        );
+        assert_eq!(ctx.child().state::<Tenant>(), None);
+    }
+}

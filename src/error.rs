@@ -1,0 +1,508 @@
+//! Errors: one [`AgentError`] at the run boundary, tiny leaf errors inside.
+//!
+//! Services and layers may fail with any [`BoxError`], as tower's own layers
+//! do. The run classifies what reaches it with [`AgentError::classify`]:
+//!
+//! | what the box holds | becomes |
+//! | --- | --- |
+//! | an [`AgentError`] | itself |
+//! | a [`ProviderError`] | [`AgentError::Provider`], its [`ErrorKind`] kept |
+//! | `tower::timeout::error::Elapsed` | [`ErrorKind::Timeout`] |
+//! | `tower::load_shed::error::Overloaded` | [`ErrorKind::Unavailable`] |
+//! | anything else | [`AgentError::Other`], the source kept |
+//!
+//! Wrappers such as `tower::buffer`'s `ServiceError` are looked through: the
+//! whole `source()` chain is searched.
+//!
+//! Every error has a stable [`code`](AgentError::code) for logs and HTTP
+//! mapping:
+//!
+//! ```
+//! use tower_agent::{AgentError, BoxError, ErrorKind};
+//!
+//! let err: BoxError = Box::new(tower::timeout::error::Elapsed::new());
+//! let err = AgentError::classify(err);
+//! assert_eq!(err.kind(), ErrorKind::Timeout);
+//! assert_eq!(err.code(), "TIMEOUT");
+//! assert!(err.kind().is_retryable());
+//! ```
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::types::AgentRun;
+
+/// The error type of services and layers: what tower's own layers use.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// What kind of failure an error is. Decides retry, fallback and the HTTP
+/// status a server would answer with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The run used every turn it may take.
+    MaxTurns,
+    /// The run was cancelled.
+    Cancelled,
+    /// A call or the run took longer than allowed.
+    Timeout,
+    /// The provider could not answer (5xx, connection error, overload).
+    Unavailable,
+    /// The provider asked to slow down (429), or a local rate limit refused.
+    RateLimited,
+    /// The account's quota or a budget is used up; retrying will not help.
+    QuotaExhausted,
+    /// The request is malformed or refused as such.
+    InvalidRequest,
+    /// The conversation no longer fits the model's context window.
+    ContextLength,
+    /// The credentials were refused.
+    Auth,
+    /// A tool failed outside a run (inside a run, the model reads the error).
+    ToolFailed,
+    /// A guard stopped the run.
+    Tripwire,
+    /// The final answer did not match the response schema.
+    StructuredOutput,
+    /// A middleware hook failed or panicked.
+    Middleware,
+    /// An approval decision did not match the call it was given for.
+    Approval,
+    /// After a middleware edit, a tool call lost its result (or the reverse).
+    HistoryIntegrity,
+    /// The agent was configured wrongly.
+    Config,
+    /// Anything else.
+    Other,
+}
+
+impl ErrorKind {
+    /// The stable code, e.g. `RATE_LIMITED`.
+    pub const fn code(self) -> &'static str {
+        match self {
+            ErrorKind::MaxTurns => "MAX_TURNS",
+            ErrorKind::Cancelled => "CANCELLED",
+            ErrorKind::Timeout => "TIMEOUT",
+            ErrorKind::Unavailable => "PROVIDER_UNAVAILABLE",
+            ErrorKind::RateLimited => "RATE_LIMITED",
+            ErrorKind::QuotaExhausted => "QUOTA_EXHAUSTED",
+            ErrorKind::InvalidRequest => "INVALID_REQUEST",
+            ErrorKind::ContextLength => "CONTEXT_LENGTH",
+            ErrorKind::Auth => "AUTH",
+            ErrorKind::ToolFailed => "TOOL_FAILED",
+            ErrorKind::Tripwire => "GUARDRAIL_TRIPPED",
+            ErrorKind::StructuredOutput => "STRUCTURED_OUTPUT",
+            ErrorKind::Middleware => "MIDDLEWARE_FAILED",
+            ErrorKind::Approval => "APPROVAL_MISMATCH",
+            ErrorKind::HistoryIntegrity => "HISTORY_INTEGRITY",
+            ErrorKind::Config => "INVALID_CONFIG",
+            ErrorKind::Other => "INTERNAL",
+        }
+    }
+
+    /// Whether trying the same call again may succeed: rate-limited,
+    /// unavailable and timed-out calls.
+    pub const fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::RateLimited | ErrorKind::Unavailable | ErrorKind::Timeout
+        )
+    }
+
+    /// The HTTP status a server would answer a failed run with.
+    pub const fn http_status(self) -> u16 {
+        match self {
+            ErrorKind::Tripwire
+            | ErrorKind::InvalidRequest
+            | ErrorKind::ContextLength
+            | ErrorKind::StructuredOutput
+            | ErrorKind::Approval
+            | ErrorKind::HistoryIntegrity => 400,
+            ErrorKind::Auth => 401,
+            ErrorKind::QuotaExhausted => 402,
+            ErrorKind::Cancelled => 499,
+            ErrorKind::RateLimited => 429,
+            ErrorKind::Unavailable => 503,
+            ErrorKind::Timeout => 504,
+            _ => 500,
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+/// A model provider's failure, classified. Providers and layers (retry, rate
+/// limit) return it boxed; the run keeps it as [`AgentError::Provider`].
+#[derive(Debug)]
+pub struct ProviderError {
+    kind: ErrorKind,
+    message: String,
+    status: Option<u16>,
+    retry_after: Option<Duration>,
+    source: Option<BoxError>,
+}
+
+impl ProviderError {
+    /// An error of `kind` with a message.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            status: None,
+            retry_after: None,
+            source: None,
+        }
+    }
+
+    /// The provider is unavailable.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unavailable, message)
+    }
+
+    /// The provider rate-limited the call, optionally saying when to retry.
+    pub fn rate_limited(message: impl Into<String>, retry_after: Option<Duration>) -> Self {
+        Self::new(ErrorKind::RateLimited, message).retry_after_opt(retry_after)
+    }
+
+    /// The HTTP status the provider answered with.
+    pub fn status(mut self, status: u16) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// When the provider says the call may be retried.
+    pub fn retry_after(self, after: Duration) -> Self {
+        self.retry_after_opt(Some(after))
+    }
+
+    fn retry_after_opt(mut self, after: Option<Duration>) -> Self {
+        self.retry_after = after;
+        self
+    }
+
+    /// The underlying error.
+    pub fn source_error(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The provider's message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The HTTP status, if there was a response.
+    pub fn http_status(&self) -> Option<u16> {
+        self.status
+    }
+
+    /// The provider's `Retry-After`, if it sent one.
+    pub fn retry_after_hint(&self) -> Option<Duration> {
+        self.retry_after
+    }
+}
+
+impl fmt::Display for ProviderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.code(), self.message)?;
+        if let Some(status) = self.status {
+            write!(f, " (HTTP {status})")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for ProviderError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+/// The error of a run, and of anything the run classifies.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// The run used all its turns. `partial` holds what it did.
+    #[error("the run used all {limit} turns without a final answer")]
+    MaxTurns {
+        /// The agent's `max_turns`.
+        limit: u32,
+        /// The run so far: its transcript, usage and counters.
+        partial: Box<AgentRun>,
+    },
+    /// The run's cancellation token fired.
+    #[error("the run was cancelled")]
+    Cancelled,
+    /// A call, or the run's deadline, timed out.
+    #[error("timed out")]
+    Timeout,
+    /// The model provider failed.
+    #[error(transparent)]
+    Provider(ProviderError),
+    /// A guard stopped the run.
+    #[error("guardrail tripped in {middleware}.{hook}: {reason}")]
+    Tripwire {
+        /// The middleware that raised it (filled in by the stack).
+        middleware: String,
+        /// The hook it was raised from (filled in by the stack).
+        hook: String,
+        /// Why.
+        reason: String,
+        /// Details for the caller.
+        info: Option<Value>,
+    },
+    /// The final answer never matched the response schema.
+    #[error(
+        "the final answer did not match the response schema after {attempts} attempts: {message}"
+    )]
+    StructuredOutput {
+        /// How many answers were checked.
+        attempts: u32,
+        /// The last validation error.
+        message: String,
+        /// The last answer's text.
+        raw: String,
+    },
+    /// A tool failed outside a run.
+    #[error("tool `{tool}` failed: {source}")]
+    ToolFailed {
+        /// The tool's name.
+        tool: String,
+        /// Why.
+        source: BoxError,
+    },
+    /// A middleware hook failed or panicked.
+    #[error("middleware `{middleware}` failed in {hook}: {source}")]
+    Middleware {
+        /// The middleware's name.
+        middleware: String,
+        /// The hook.
+        hook: String,
+        /// The hook's error, or the panic's message.
+        source: BoxError,
+    },
+    /// An approval decision did not fit the call it was given for.
+    #[error("approval refused: {0}")]
+    Approval(String),
+    /// A tool call lost its result, or a result its call.
+    #[error("history integrity: {0}")]
+    HistoryIntegrity(String),
+    /// The agent's configuration is wrong.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Any other failure, with its source.
+    #[error(transparent)]
+    Other(BoxError),
+}
+
+impl AgentError {
+    /// The kind of failure.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            AgentError::MaxTurns { .. } => ErrorKind::MaxTurns,
+            AgentError::Cancelled => ErrorKind::Cancelled,
+            AgentError::Timeout => ErrorKind::Timeout,
+            AgentError::Provider(e) => e.kind(),
+            AgentError::Tripwire { .. } => ErrorKind::Tripwire,
+            AgentError::StructuredOutput { .. } => ErrorKind::StructuredOutput,
+            AgentError::ToolFailed { .. } => ErrorKind::ToolFailed,
+            AgentError::Middleware { .. } => ErrorKind::Middleware,
+            AgentError::Approval(_) => ErrorKind::Approval,
+            AgentError::HistoryIntegrity(_) => ErrorKind::HistoryIntegrity,
+            AgentError::Config(_) => ErrorKind::Config,
+            AgentError::Other(_) => ErrorKind::Other,
+        }
+    }
+
+    /// The stable code of [`kind`](Self::kind), e.g. `GUARDRAIL_TRIPPED`.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
+    }
+
+    /// Turns whatever a service or layer failed with into an `AgentError`.
+    /// See the [module docs](crate::error).
+    pub fn classify(err: BoxError) -> AgentError {
+        let err = match err.downcast::<AgentError>() {
+            Ok(agent) => return *agent,
+            Err(err) => err,
+        };
+        let err = match err.downcast::<ProviderError>() {
+            Ok(provider) => return AgentError::Provider(*provider),
+            Err(err) => err,
+        };
+        if let Some(AgentError::Tripwire {
+            middleware,
+            hook,
+            reason,
+            info,
+        }) = find::<AgentError>(err.as_ref())
+        {
+            return AgentError::Tripwire {
+                middleware: middleware.clone(),
+                hook: hook.clone(),
+                reason: reason.clone(),
+                info: info.clone(),
+            };
+        }
+        match kind_of(err.as_ref()) {
+            ErrorKind::Timeout => AgentError::Timeout,
+            ErrorKind::Cancelled => AgentError::Cancelled,
+            kind @ (ErrorKind::Unavailable
+            | ErrorKind::RateLimited
+            | ErrorKind::QuotaExhausted
+            | ErrorKind::InvalidRequest
+            | ErrorKind::ContextLength
+            | ErrorKind::Auth) => AgentError::Provider(
+                ProviderError::new(kind, err.to_string())
+                    .retry_after_opt(retry_after(err.as_ref()))
+                    .source_error(err),
+            ),
+            _ => AgentError::Other(err),
+        }
+    }
+
+    /// A tripwire error whose middleware and hook the stack fills in.
+    pub(crate) fn tripwire(reason: String, info: Option<Value>) -> AgentError {
+        AgentError::Tripwire {
+            middleware: String::new(),
+            hook: String::new(),
+            reason,
+            info,
+        }
+    }
+}
+
+impl From<ProviderError> for AgentError {
+    fn from(err: ProviderError) -> Self {
+        AgentError::Provider(err)
+    }
+}
+
+/// Raises a tripwire: return it from any hook or wrap middleware and the run
+/// ends with [`AgentError::Tripwire`] (`GUARDRAIL_TRIPPED`), also from inside
+/// a nested agent. The stack fills in the middleware's name and the hook.
+///
+/// ```
+/// use tower_agent::{tripwire, BoxError};
+///
+/// fn check(input: &str) -> Result<(), BoxError> {
+///     if input.contains("refund") {
+///         return Err(tripwire("refunds go to a person").into());
+///     }
+///     Ok(())
+/// }
+/// assert!(check("I want a refund").is_err());
+/// ```
+pub fn tripwire(reason: impl Into<String>) -> AgentError {
+    AgentError::tripwire(reason.into(), None)
+}
+
+/// Like [`tripwire`], with details for the caller.
+pub fn tripwire_with(reason: impl Into<String>, info: Value) -> AgentError {
+    AgentError::tripwire(reason.into(), Some(info))
+}
+
+/// Finds an error of type `E` in `err` or its `source()` chain.
+pub fn find<'a, E: StdError + 'static>(err: &'a (dyn StdError + 'static)) -> Option<&'a E> {
+    let mut current = Some(err);
+    while let Some(err) = current {
+        if let Some(found) = err.downcast_ref::<E>() {
+            return Some(found);
+        }
+        current = err.source();
+    }
+    None
+}
+
+/// The [`ErrorKind`] of any error, without consuming it: what a retry or
+/// fallback policy asks. Searches the `source()` chain.
+pub fn kind_of(err: &(dyn StdError + 'static)) -> ErrorKind {
+    let mut current = Some(err);
+    while let Some(err) = current {
+        if let Some(agent) = err.downcast_ref::<AgentError>() {
+            return agent.kind();
+        }
+        if let Some(provider) = err.downcast_ref::<ProviderError>() {
+            return provider.kind();
+        }
+        if err.is::<tower::timeout::error::Elapsed>() {
+            return ErrorKind::Timeout;
+        }
+        if err.is::<tower::load_shed::error::Overloaded>() {
+            return ErrorKind::Unavailable;
+        }
+        current = err.source();
+    }
+    ErrorKind::Other
+}
+
+/// The `Retry-After` hint of an error, if it carries one.
+pub fn retry_after(err: &(dyn StdError + 'static)) -> Option<Duration> {
+    find::<ProviderError>(err).and_then(ProviderError::retry_after_hint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_tower_errors_through_wrappers() {
+        let overloaded: BoxError = Box::new(tower::load_shed::error::Overloaded::new());
+        assert_eq!(
+            AgentError::classify(overloaded).code(),
+            "PROVIDER_UNAVAILABLE"
+        );
+
+        let agent: BoxError = Box::new(tripwire("no"));
+        assert_eq!(AgentError::classify(agent).code(), "GUARDRAIL_TRIPPED");
+
+        let limited: BoxError = Box::new(ProviderError::rate_limited(
+            "slow down",
+            Some(Duration::from_secs(3)),
+        ));
+        let err = AgentError::classify(limited);
+        assert_eq!(err.kind(), ErrorKind::RateLimited);
+        assert!(
+            matches!(&err, AgentError::Provider(p) if p.retry_after_hint() == Some(Duration::from_secs(3)))
+        );
+
+        let other: BoxError = "boom".into();
+        let err = AgentError::classify(other);
+        assert_eq!(err.code(), "INTERNAL");
+        assert_eq!(err.to_string(), "boom");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("wrapped")]
+    struct Wrapper(#[source] BoxError);
+
+    #[test]
+    fn looks_through_wrapping_errors() {
+        let inner: BoxError = Box::new(tower::timeout::error::Elapsed::new());
+        let wrapped: BoxError = Box::new(Wrapper(inner));
+        assert_eq!(kind_of(wrapped.as_ref()), ErrorKind::Timeout);
+        assert_eq!(AgentError::classify(wrapped).kind(), ErrorKind::Timeout);
+
+        let quota: BoxError = Box::new(Wrapper(Box::new(ProviderError::new(
+            ErrorKind::QuotaExhausted,
+            "no credit",
+        ))));
+        let err = AgentError::classify(quota);
+        assert_eq!(err.code(), "QUOTA_EXHAUSTED");
+        assert!(!err.kind().is_retryable());
+    }
+}

@@ -1,0 +1,237 @@
+//! The request and response of each boundary: a run, a model call, a tool
+//! call. Each request carries its run's [`RunContext`] and an
+//! [`http::Extensions`] bag for what users' layers add.
+//!
+//! | boundary | request | response |
+//! | --- | --- | --- |
+//! | a run | [`RunRequest`] | [`AgentRun`](crate::types::AgentRun) |
+//! | a model call | [`ModelCall`] | [`ModelResponse`](crate::types::ModelResponse) |
+//! | a tool call | [`ToolInvocation`] | [`ToolOutput`] |
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::context::RunContext;
+use crate::types::{
+    ApprovalDecision, Checkpoint, History, Message, ModelDelta, ModelRequest, ToolCall,
+};
+
+/// Where streamed pieces of an answer go: the run's `on_token`.
+///
+/// # Clone
+///
+/// Clones send to the same place.
+#[derive(Clone)]
+pub struct DeltaSink {
+    f: Arc<dyn Fn(&ModelDelta) + Send + Sync>,
+}
+
+impl DeltaSink {
+    /// A sink calling `f` for every delta.
+    pub fn new(f: impl Fn(&ModelDelta) + Send + Sync + 'static) -> Self {
+        Self { f: Arc::new(f) }
+    }
+
+    /// A sink sending every delta into an unbounded channel.
+    pub fn channel() -> (Self, tokio::sync::mpsc::UnboundedReceiver<ModelDelta>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (
+            Self::new(move |delta| {
+                let _ = tx.send(delta.clone());
+            }),
+            rx,
+        )
+    }
+
+    /// Sends one delta.
+    #[inline]
+    pub fn send(&self, delta: &ModelDelta) {
+        (self.f)(delta)
+    }
+}
+
+impl fmt::Debug for DeltaSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DeltaSink")
+    }
+}
+
+/// One call to one model: the request of the model stack.
+///
+/// # Clone
+///
+/// O(1): the history is shared. Retry, fallback and cache clone freely.
+#[derive(Debug, Clone)]
+pub struct ModelCall {
+    /// What the backend gets.
+    pub request: ModelRequest,
+    /// Where streamed text goes, when the run streams.
+    pub stream: Option<DeltaSink>,
+    /// The run's context.
+    pub context: RunContext,
+    /// What users' layers add.
+    pub extensions: http::Extensions,
+}
+
+impl ModelCall {
+    /// A call of `request` in the run of `context`, not streamed.
+    pub fn new(request: ModelRequest, context: RunContext) -> Self {
+        Self {
+            request,
+            stream: None,
+            context,
+            extensions: http::Extensions::new(),
+        }
+    }
+}
+
+/// One tool call: the request of the tool stack.
+#[derive(Debug, Clone)]
+pub struct ToolInvocation {
+    /// The call as the model made it (with any rewritten arguments).
+    pub call: ToolCall,
+    /// The arguments, parsed.
+    pub args: Value,
+    /// Whether a person (or a hook deciding for one) approved the call. An
+    /// approval never carries over to changed arguments.
+    pub approved: bool,
+    /// Whether the tool is marked idempotent: only then may a retry layer
+    /// call it again.
+    pub idempotent: bool,
+    /// Where the tool's streamed progress goes, if anywhere.
+    pub stream: Option<DeltaSink>,
+    /// The run's context.
+    pub context: RunContext,
+    /// What users' layers add.
+    pub extensions: http::Extensions,
+}
+
+impl ToolInvocation {
+    /// An invocation of `call`, its arguments parsed from JSON text; invalid
+    /// JSON parses as `null` (the router answers it with an error).
+    pub fn new(call: ToolCall, context: RunContext) -> Self {
+        let args = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
+        Self {
+            call,
+            args,
+            approved: false,
+            idempotent: false,
+            stream: None,
+            context,
+            extensions: http::Extensions::new(),
+        }
+    }
+}
+
+/// What a tool answers: the text the model reads, and whether it is an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOutput {
+    /// The text the model reads.
+    pub content: String,
+    /// Whether the call failed (the model still reads `content`).
+    pub is_error: bool,
+}
+
+impl ToolOutput {
+    /// A successful result.
+    pub fn text(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            is_error: false,
+        }
+    }
+
+    /// A failed result the model reads.
+    pub fn error(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            is_error: true,
+        }
+    }
+}
+
+/// What a run starts from.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum RunInput {
+    /// A new run with this user message.
+    Message(Message),
+    /// A paused run, continued with decisions for its waiting calls.
+    Resume {
+        /// The paused run.
+        checkpoint: Box<Checkpoint>,
+        /// A decision per waiting call (calls without one are asked again).
+        decisions: Vec<ApprovalDecision>,
+    },
+}
+
+/// One run of an agent: the request of the run stack.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    /// The input, or the checkpoint to resume.
+    pub input: RunInput,
+    /// The thread's earlier messages, before the input.
+    pub history: History,
+    /// The run's context.
+    pub context: RunContext,
+    /// Where streamed text goes.
+    pub stream: Option<DeltaSink>,
+    /// What users' layers add (e.g. the middleware of one run).
+    pub extensions: http::Extensions,
+}
+
+impl RunRequest {
+    /// A new run answering the user message `input`, in a fresh root context.
+    pub fn new(input: impl Into<String>) -> Self {
+        Self::message(Message::user(input))
+    }
+
+    /// A new run answering `message`.
+    pub fn message(message: Message) -> Self {
+        Self {
+            input: RunInput::Message(message),
+            history: History::new(),
+            context: RunContext::new(),
+            stream: None,
+            extensions: http::Extensions::new(),
+        }
+    }
+
+    /// Continues a paused run with `decisions`, keeping its run id and thread.
+    pub fn resume(checkpoint: Checkpoint, decisions: Vec<ApprovalDecision>) -> Self {
+        let mut context = RunContext::builder().run_id(checkpoint.run_id.as_str());
+        if let Some(thread) = &checkpoint.thread_id {
+            context = context.thread_id(thread.as_str());
+        }
+        Self {
+            input: RunInput::Resume {
+                checkpoint: Box::new(checkpoint),
+                decisions,
+            },
+            history: History::new(),
+            context: context.build(),
+            stream: None,
+            extensions: http::Extensions::new(),
+        }
+    }
+
+    /// Runs in `context` instead of a fresh one.
+    pub fn context(mut self, context: RunContext) -> Self {
+        self.context = context;
+        self
+    }
+
+    /// The thread's earlier messages.
+    pub fn history(mut self, history: impl Into<History>) -> Self {
+        self.history = history.into();
+        self
+    }
+
+    /// Streams the answer's text into `sink`.
+    pub fn stream(mut self, sink: DeltaSink) -> Self {
+        self.stream = Some(sink);
+        self
+    }
+}

@@ -1,0 +1,384 @@
+//! The [`Agent`]: the run loop as a `Service<RunRequest>`.
+
+mod output;
+mod run;
+mod tools;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use schemars::JsonSchema;
+use serde_json::Value;
+use tower::{Layer, Service, ServiceExt};
+
+use super::{box_model, box_tool, BoxModel, BoxTool, ToolRouter};
+use crate::context::RunContext;
+use crate::error::{AgentError, BoxError};
+use crate::request::{ModelCall, RunRequest, ToolInvocation, ToolOutput};
+use crate::types::{AgentRun, ApprovalDecision, ModelResponse, ModelSettings, ToolCall, ToolSpec};
+
+pub(crate) use output::OutputSchema;
+
+/// Decides a call that asks for approval when no hook did: the person in the
+/// loop. `None` leaves it undecided (the call is declined).
+pub type Approver =
+    dyn Fn(ToolCall, RunContext) -> BoxFuture<'static, Option<ApprovalDecision>> + Send + Sync;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ToolFlags {
+    pub(crate) idempotent: bool,
+    pub(crate) requires_approval: bool,
+}
+
+pub(crate) struct Config {
+    pub(crate) name: Arc<str>,
+    pub(crate) instructions: Option<String>,
+    pub(crate) model: BoxModel,
+    pub(crate) model_name: String,
+    pub(crate) tools: BoxTool,
+    pub(crate) specs: Arc<[ToolSpec]>,
+    pub(crate) flags: HashMap<String, ToolFlags>,
+    pub(crate) max_turns: u32,
+    pub(crate) parallel_tool_calls: bool,
+    pub(crate) settings: ModelSettings,
+    pub(crate) output: Option<OutputSchema>,
+    pub(crate) approver: Option<Arc<Approver>>,
+}
+
+/// An agent: instructions, a model service, tools and limits, run as a
+/// `Service<RunRequest, Response = AgentRun>`.
+///
+/// The loop goes model → the turn's tool calls → model … until a final
+/// answer, a [`stop`](RunContext::stop), cancellation, or `max_turns`. Tool
+/// calls of one turn run concurrently (unless turned off) and their results
+/// are appended in the order the model made the calls.
+///
+/// ```
+/// use tower_agent::{tool_sync, Agent, BoxError, ScriptedModel, ScriptedTurn, ToolRouter};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::AgentError> {
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Sum { a: i64, b: i64 }
+///
+/// let model = ScriptedModel::new([
+///     ScriptedTurn::tool_call("add", r#"{"a": 2, "b": 3}"#),
+///     ScriptedTurn::text("2 + 3 = 5"),
+/// ]);
+/// let agent = Agent::builder("calculator")
+///     .instructions("You add numbers.")
+///     .model(model)
+///     .tools(ToolRouter::new().tool(tool_sync("add", "Adds", |s: Sum| Ok::<_, BoxError>(s.a + s.b))))
+///     .build()?;
+///
+/// let run = agent.run("What is 2 + 3?").await?;
+/// assert_eq!(run.output, "2 + 3 = 5");
+/// assert_eq!(run.counters.tool_calls, 1);
+/// # Ok(()) }
+/// ```
+///
+/// # Clone
+///
+/// Cheap: the configuration is shared.
+#[derive(Clone)]
+pub struct Agent {
+    config: Arc<Config>,
+}
+
+impl Agent {
+    /// A builder for an agent called `name`.
+    pub fn builder(name: impl Into<Arc<str>>) -> AgentBuilder {
+        AgentBuilder {
+            name: name.into(),
+            instructions: None,
+            model: None,
+            model_name: None,
+            tools: ToolRouter::new(),
+            tool_stack: None,
+            max_turns: 10,
+            parallel_tool_calls: true,
+            settings: ModelSettings::default(),
+            output: None,
+            output_retries: 2,
+            approver: None,
+        }
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.config.name
+    }
+
+    /// The tools the model sees.
+    pub fn tool_specs(&self) -> &Arc<[ToolSpec]> {
+        &self.config.specs
+    }
+
+    /// Runs the agent on a user message, in a fresh root context.
+    ///
+    /// # Errors
+    ///
+    /// See [`AgentError`].
+    pub async fn run(&self, input: impl Into<String>) -> Result<AgentRun, AgentError> {
+        self.clone().oneshot(RunRequest::new(input)).await
+    }
+}
+
+impl fmt::Debug for Agent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Agent")
+            .field("name", &self.config.name)
+            .field("model", &self.config.model_name)
+            .field(
+                "tools",
+                &self
+                    .config
+                    .specs
+                    .iter()
+                    .map(|s| &s.name)
+                    .collect::<Vec<_>>(),
+            )
+            .field("max_turns", &self.config.max_turns)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future of an [`Agent`] run.
+pub struct AgentFuture {
+    inner: BoxFuture<'static, Result<AgentRun, AgentError>>,
+}
+
+impl fmt::Debug for AgentFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AgentFuture")
+    }
+}
+
+impl Future for AgentFuture {
+    type Output = Result<AgentRun, AgentError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl Service<RunRequest> for Agent {
+    type Response = AgentRun;
+    type Error = AgentError;
+    type Future = AgentFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), AgentError>> {
+        // The model and tool services are driven to readiness per call.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: RunRequest) -> AgentFuture {
+        AgentFuture {
+            inner: Box::pin(run::run(self.config.clone(), request)),
+        }
+    }
+}
+
+type ToolStack = Box<dyn FnOnce(BoxTool) -> BoxTool + Send>;
+
+/// Builds an [`Agent`]. See [`Agent::builder`].
+pub struct AgentBuilder {
+    name: Arc<str>,
+    instructions: Option<String>,
+    model: Option<BoxModel>,
+    model_name: Option<String>,
+    tools: ToolRouter,
+    tool_stack: Option<ToolStack>,
+    max_turns: u32,
+    parallel_tool_calls: bool,
+    settings: ModelSettings,
+    output: Option<Value>,
+    output_retries: u32,
+    approver: Option<Arc<Approver>>,
+}
+
+impl fmt::Debug for AgentBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AgentBuilder")
+            .field("name", &self.name)
+            .field("tools", &self.tools)
+            .field("max_turns", &self.max_turns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentBuilder {
+    /// The system prompt.
+    pub fn instructions(mut self, instructions: impl Into<String>) -> Self {
+        self.instructions = Some(instructions.into());
+        self
+    }
+
+    /// The model service: any `Service<ModelCall>`, usually a provider
+    /// wrapped in layers with `ServiceBuilder`.
+    pub fn model<S>(mut self, model: S) -> Self
+    where
+        S: Service<ModelCall, Response = ModelResponse> + Clone + Send + Sync + 'static,
+        S::Error: Into<BoxError>,
+        S::Future: Send + 'static,
+    {
+        self.model = Some(box_model(model));
+        self
+    }
+
+    /// The model name put in each request (default: empty, which the
+    /// service fills in).
+    pub fn model_name(mut self, name: impl Into<String>) -> Self {
+        self.model_name = Some(name.into());
+        self
+    }
+
+    /// The tools.
+    pub fn tools(mut self, tools: ToolRouter) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// Wraps the tool router in `layer` (timeouts, retries, limits, …).
+    /// Called again, the new layer goes outside the earlier ones.
+    pub fn tool_layer<L>(mut self, layer: L) -> Self
+    where
+        L: Layer<BoxTool> + Send + 'static,
+        L::Service: Service<ToolInvocation, Response = ToolOutput> + Clone + Send + Sync + 'static,
+        <L::Service as Service<ToolInvocation>>::Error: Into<BoxError>,
+        <L::Service as Service<ToolInvocation>>::Future: Send + 'static,
+    {
+        let earlier = self.tool_stack.take();
+        self.tool_stack = Some(Box::new(move |tools: BoxTool| {
+            let tools = match earlier {
+                Some(earlier) => earlier(tools),
+                None => tools,
+            };
+            box_tool(layer.layer(tools))
+        }));
+        self
+    }
+
+    /// The most model turns a run may take (default 10).
+    pub fn max_turns(mut self, max_turns: u32) -> Self {
+        self.max_turns = max_turns;
+        self
+    }
+
+    /// Whether a turn's tool calls run concurrently (default `true`).
+    pub fn parallel_tool_calls(mut self, parallel: bool) -> Self {
+        self.parallel_tool_calls = parallel;
+        self
+    }
+
+    /// Sampling and shape settings of every request.
+    pub fn settings(mut self, settings: ModelSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Asks for a final answer in JSON matching `schema`. The answer is
+    /// parsed and validated; a mismatch goes back to the model with the
+    /// validation error, up to [`output_retries`](Self::output_retries)
+    /// times, then the run fails with `STRUCTURED_OUTPUT`.
+    pub fn response_schema(mut self, schema: Value) -> Self {
+        self.output = Some(schema);
+        self
+    }
+
+    /// [`response_schema`](Self::response_schema) from a Rust type.
+    pub fn output_type<T: JsonSchema>(self) -> Self {
+        self.response_schema(super::tool_fn::parameters_schema::<T>())
+    }
+
+    /// How often a final answer that misses the schema is sent back
+    /// (default 2).
+    pub fn output_retries(mut self, retries: u32) -> Self {
+        self.output_retries = retries;
+        self
+    }
+
+    /// Who decides calls that ask for approval when no hook did.
+    pub fn approver<F, Fut>(mut self, approver: F) -> Self
+    where
+        F: Fn(ToolCall, RunContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Option<ApprovalDecision>> + Send + 'static,
+    {
+        self.approver = Some(Arc::new(move |call, ctx| Box::pin(approver(call, ctx))));
+        self
+    }
+
+    /// The agent.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::Config`] without a model, with `max_turns` of 0, or
+    /// with a response schema that does not compile.
+    pub fn build(self) -> Result<Agent, AgentError> {
+        let model = self
+            .model
+            .ok_or_else(|| AgentError::Config(format!("agent `{}` has no model", self.name)))?;
+        if self.max_turns == 0 {
+            return Err(AgentError::Config("max_turns must be at least 1".into()));
+        }
+        let mut settings = self.settings;
+        let output = match self.output {
+            Some(schema) => {
+                let output = OutputSchema::new(&self.name, schema, self.output_retries)?;
+                settings.response_format = Some(output.response_format());
+                Some(output)
+            }
+            None => None,
+        };
+        let specs = self.tools.specs().clone();
+        let flags = specs
+            .iter()
+            .filter_map(|s| {
+                let def = self.tools.get(&s.name)?;
+                Some((
+                    s.name.clone(),
+                    ToolFlags {
+                        idempotent: def.idempotent,
+                        requires_approval: def.requires_approval,
+                    },
+                ))
+            })
+            .collect();
+        let router = box_tool(self.tools);
+        let tools = match self.tool_stack {
+            Some(stack) => stack(router),
+            None => router,
+        };
+        Ok(Agent {
+            config: Arc::new(Config {
+                name: self.name,
+                instructions: self.instructions,
+                model,
+                model_name: self.model_name.unwrap_or_default(),
+                tools,
+                specs,
+                flags,
+                max_turns: self.max_turns,
+                parallel_tool_calls: self.parallel_tool_calls,
+                settings,
+                output,
+                approver: self.approver,
+            }),
+        })
+    }
+}
+
+/// The text of a panic's payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}

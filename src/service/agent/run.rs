@@ -1,0 +1,454 @@
+//! The run loop: model → tool calls → model … until a final answer.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tower::ServiceExt;
+use tracing::{field, Instrument};
+
+use super::tools::Step;
+use super::Config;
+use crate::context::RunContext;
+use crate::error::{AgentError, BoxError};
+use crate::event::AgentEvent;
+use crate::hooks::{RunHooks, RunStart};
+use crate::request::{DeltaSink, ModelCall, RunInput, RunRequest};
+use crate::types::{
+    AgentRun, Checkpoint, Counters, History, Message, ModelDelta, ModelRequest, ModelResponse,
+    Role, RunStatus, StopReason,
+};
+
+/// One run in progress.
+pub(super) struct Run {
+    pub(super) config: Arc<Config>,
+    pub(super) ctx: RunContext,
+    pub(super) hooks: Option<Arc<dyn RunHooks>>,
+    pub(super) messages: History,
+    /// Context added for this run only; left out of the transcript.
+    ephemeral: Vec<Message>,
+    stream: Option<DeltaSink>,
+    extensions: http::Extensions,
+    pub(super) counters: Counters,
+    output_attempts: u32,
+    continuations: u32,
+}
+
+pub(super) async fn run(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, AgentError> {
+    let ctx = request.context.clone();
+    ctx.set_agent_name(&config.name);
+    let span = tracing::info_span!(
+        "invoke_agent",
+        "gen_ai.operation.name" = "invoke_agent",
+        "gen_ai.agent.name" = %config.name,
+        "gen_ai.conversation.id" = ctx.thread_id(),
+        run_id = %ctx.run_id(),
+    );
+    let result = execute(config, request).instrument(span).await;
+    if let Err(err) = &result {
+        ctx.emit(|| AgentEvent::RunCompleted {
+            run_id: ctx.run_id().clone(),
+            status: "failed",
+            usage: ctx.usage(),
+            error: Some(err.code()),
+        });
+    }
+    result
+}
+
+async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, AgentError> {
+    let RunRequest {
+        input,
+        history,
+        context: ctx,
+        stream,
+        extensions,
+    } = request;
+    let hooks = ctx.hooks();
+    let has_history = !history.is_empty();
+    let mut run = Run {
+        config,
+        ctx,
+        hooks,
+        messages: History::new(),
+        ephemeral: Vec::new(),
+        stream,
+        extensions,
+        counters: Counters::default(),
+        output_attempts: 0,
+        continuations: 0,
+    };
+    let resume = match input {
+        RunInput::Message(input) => {
+            run.begin(input, history).await?;
+            None
+        }
+        RunInput::Resume {
+            checkpoint,
+            decisions,
+        } => {
+            run.restore(&checkpoint)?;
+            Some((checkpoint, decisions))
+        }
+    };
+    run.ctx.emit(|| AgentEvent::RunStarted {
+        run_id: run.ctx.run_id().clone(),
+        parent_run_id: run.ctx.parent_run_id().cloned(),
+        agent: run.config.name.clone(),
+    });
+    run.start_hooks(resume.is_some(), has_history).await?;
+    if let Some((checkpoint, decisions)) = resume {
+        let calls = checkpoint
+            .pending
+            .iter()
+            .map(|p| (p.index, p.call.clone()))
+            .collect();
+        let completed = checkpoint.completed.clone();
+        if let Step::Paused(checkpoint) = run.tool_step(calls, &decisions, true, completed).await? {
+            return Ok(run.finish(RunStatus::Paused(checkpoint), String::new(), None));
+        }
+    }
+    run.turns().await
+}
+
+/// Races `fut` against the run's cancellation and deadline.
+pub(super) async fn race<F: Future>(ctx: &RunContext, fut: F) -> Result<F::Output, AgentError> {
+    async fn until(deadline: Option<Instant>) {
+        match deadline {
+            Some(deadline) => tokio::time::sleep_until(deadline).await,
+            None => std::future::pending().await,
+        }
+    }
+    tokio::select! {
+        biased;
+        () = ctx.cancelled() => Err(AgentError::Cancelled),
+        () = until(ctx.deadline()) => Err(AgentError::Timeout),
+        out = fut => Ok(out),
+    }
+}
+
+pub(super) fn classify(err: BoxError) -> AgentError {
+    AgentError::classify(err)
+}
+
+impl Run {
+    /// A new run: system prompt, history, the input guard, the input.
+    async fn begin(&mut self, mut input: Message, history: History) -> Result<(), AgentError> {
+        let mut messages = Vec::with_capacity(history.len() + 2);
+        if let Some(instructions) = &self.config.instructions {
+            messages.push(Message::system(instructions.as_str()));
+        }
+        messages.extend(history.iter().cloned());
+        let added = match &self.hooks {
+            Some(hooks) => hooks
+                .before_run(&self.ctx, &mut input, &messages)
+                .await
+                .map_err(classify)?,
+            None => Vec::new(),
+        };
+        messages.push(input);
+        messages.extend(added.into_iter().map(Message::system));
+        self.messages = History::from(messages);
+        Ok(())
+    }
+
+    /// A resumed run: where the checkpoint left off.
+    fn restore(&mut self, checkpoint: &Checkpoint) -> Result<(), AgentError> {
+        if checkpoint.agent != *self.config.name {
+            return Err(AgentError::Config(format!(
+                "a checkpoint of agent `{}` cannot be resumed by agent `{}`",
+                checkpoint.agent, self.config.name
+            )));
+        }
+        self.messages = History::from(checkpoint.messages.clone());
+        self.counters = checkpoint.counters;
+        self.output_attempts = checkpoint.output_attempts;
+        self.ctx
+            .seed_usage(checkpoint.usage, checkpoint.usage_total);
+        self.ctx.set_iteration(checkpoint.iteration);
+        Ok(())
+    }
+
+    /// `start_run`: context after the system prompt, for this run only.
+    async fn start_hooks(&mut self, resumed: bool, has_history: bool) -> Result<(), AgentError> {
+        let Some(hooks) = &self.hooks else {
+            return Ok(());
+        };
+        let start = RunStart {
+            resumed,
+            has_history,
+        };
+        let texts = hooks.start_run(&self.ctx, start).await.map_err(classify)?;
+        if texts.is_empty() {
+            return Ok(());
+        }
+        self.ephemeral = texts.into_iter().map(Message::system).collect();
+        let at = usize::from(
+            self.messages
+                .first()
+                .is_some_and(|m| m.role == Role::System),
+        );
+        self.messages
+            .to_mut()
+            .splice(at..at, self.ephemeral.iter().cloned());
+        Ok(())
+    }
+
+    /// Turns until the run ends.
+    async fn turns(mut self) -> Result<AgentRun, AgentError> {
+        let max_turns = self.config.max_turns;
+        loop {
+            if let Some(stop) = self.ctx.stop_requested() {
+                return Ok(self.finish(RunStatus::Stopped(stop), String::new(), None));
+            }
+            if self.ctx.is_cancelled() {
+                return Err(AgentError::Cancelled);
+            }
+            if self.counters.turns >= max_turns {
+                let partial = self.snapshot(
+                    RunStatus::Stopped(StopReason {
+                        reason: format!("max_turns ({max_turns}) reached"),
+                        by: Some("agent".into()),
+                    }),
+                    String::new(),
+                    None,
+                );
+                return Err(AgentError::MaxTurns {
+                    limit: max_turns,
+                    partial: Box::new(partial),
+                });
+            }
+            let turn = self.counters.turns + 1;
+            self.counters.turns = turn;
+            self.ctx.set_iteration(turn);
+            for text in self.ctx.take_context() {
+                self.messages.push(Message::system(text));
+            }
+            if let Some(hooks) = &self.hooks {
+                let edits = self.messages.edit_count();
+                hooks
+                    .before_model(&self.ctx, &mut self.messages)
+                    .await
+                    .map_err(classify)?;
+                if self.messages.edit_count() != edits {
+                    self.messages
+                        .check_integrity()
+                        .map_err(AgentError::HistoryIntegrity)?;
+                }
+            }
+
+            let mut message = self.model_turn(turn).await?.message;
+            message.role = Role::Assistant;
+            for (i, call) in message.tool_calls.iter_mut().enumerate() {
+                if call.id.is_empty() {
+                    call.id = format!("call_{turn}_{}", i + 1);
+                }
+            }
+            let calls: Vec<(usize, _)> = message.tool_calls.iter().cloned().enumerate().collect();
+            self.messages.push(message);
+
+            if calls.is_empty() {
+                let last = self.messages.last().expect("just pushed");
+                let text = last.text().into_owned();
+                if let Some(hooks) = &self.hooks {
+                    if turn < max_turns {
+                        let more = hooks
+                            .before_stop(&self.ctx, last, self.continuations)
+                            .await
+                            .map_err(classify)?;
+                        if let Some(more) = more {
+                            self.continuations += 1;
+                            self.messages.push(Message::user(more));
+                            continue;
+                        }
+                    }
+                }
+                let structured = match &self.config.output {
+                    None => None,
+                    Some(output) => match output.check(&text) {
+                        Ok(value) => Some(value),
+                        Err(problem) => {
+                            self.output_attempts += 1;
+                            if self.output_attempts > output.retries {
+                                return Err(AgentError::StructuredOutput {
+                                    attempts: self.output_attempts,
+                                    message: problem,
+                                    raw: text,
+                                });
+                            }
+                            self.messages.push(Message::user(problem));
+                            continue;
+                        }
+                    },
+                };
+                return Ok(self.finish(RunStatus::Completed, text, structured));
+            }
+
+            self.continuations = 0;
+            if let Step::Paused(checkpoint) = self.tool_step(calls, &[], false, Vec::new()).await? {
+                return Ok(self.finish(RunStatus::Paused(checkpoint), String::new(), None));
+            }
+        }
+    }
+
+    /// One model call, through the hooks and the model stack.
+    async fn model_turn(&mut self, turn: u32) -> Result<ModelResponse, AgentError> {
+        let config = &self.config;
+        let ctx = &self.ctx;
+        let hold = self.stream.is_some() && self.hooks.as_ref().is_some_and(|h| h.holds_stream());
+        let stream = if hold {
+            Some(DeltaSink::new(|_| {}))
+        } else {
+            self.stream.clone()
+        };
+        let call = ModelCall {
+            request: ModelRequest {
+                model: config.model_name.clone(),
+                messages: self.messages.clone(),
+                tools: config.specs.clone(),
+                settings: config.settings.clone(),
+            },
+            stream,
+            context: ctx.clone(),
+            extensions: self.extensions.clone(),
+        };
+        ctx.emit(|| AgentEvent::ModelCallStarted {
+            run_id: ctx.run_id().clone(),
+            iteration: turn,
+            model: config.model_name.clone(),
+        });
+        let span = tracing::info_span!(
+            "chat",
+            "gen_ai.operation.name" = "chat",
+            "gen_ai.agent.name" = %config.name,
+            "gen_ai.request.model" = %config.model_name,
+            "gen_ai.response.model" = field::Empty,
+            "gen_ai.usage.input_tokens" = field::Empty,
+            "gen_ai.usage.output_tokens" = field::Empty,
+            "gen_ai.response.finish_reasons" = field::Empty,
+        );
+        let fut: futures::future::BoxFuture<'_, Result<ModelResponse, BoxError>> = match &self.hooks
+        {
+            Some(hooks) => hooks.call_model(call, config.model.clone()),
+            None => Box::pin(config.model.clone().oneshot(call)),
+        };
+        let result = race(ctx, fut.instrument(span.clone()))
+            .await
+            .and_then(|r| r.map_err(classify));
+        self.counters.model_calls += 1;
+        let mut response = match result {
+            Ok(response) => response,
+            Err(err) => {
+                ctx.emit(|| AgentEvent::ModelCallCompleted {
+                    run_id: ctx.run_id().clone(),
+                    iteration: turn,
+                    model: config.model_name.clone(),
+                    usage: Default::default(),
+                    finish_reason: None,
+                    error: Some(err.code()),
+                });
+                return Err(err);
+            }
+        };
+        if !response.usage_recorded {
+            ctx.record_usage(&response.model, response.usage);
+            response.usage_recorded = true;
+        }
+        span.record("gen_ai.response.model", response.model.as_str());
+        span.record("gen_ai.usage.input_tokens", response.usage.input_tokens);
+        span.record("gen_ai.usage.output_tokens", response.usage.output_tokens);
+        span.record(
+            "gen_ai.response.finish_reasons",
+            field::debug(&response.finish_reason),
+        );
+        if let Some(hooks) = &self.hooks {
+            hooks
+                .after_model(ctx, &mut response)
+                .await
+                .map_err(classify)?;
+        }
+        ctx.emit(|| AgentEvent::ModelCallCompleted {
+            run_id: ctx.run_id().clone(),
+            iteration: turn,
+            model: response.model.clone(),
+            usage: response.usage,
+            finish_reason: Some(response.finish_reason.clone()),
+            error: None,
+        });
+        if hold {
+            if let Some(sink) = &self.stream {
+                let text = response.message.text();
+                if !text.is_empty() {
+                    sink.send(&ModelDelta::text(text));
+                }
+            }
+        }
+        Ok(response)
+    }
+
+    /// The conversation without the context added for this run only.
+    pub(super) fn transcript(&self) -> Vec<Message> {
+        let mut messages = self.messages.to_vec();
+        for ephemeral in &self.ephemeral {
+            if let Some(at) = messages.iter().position(|m| m == ephemeral) {
+                messages.remove(at);
+            }
+        }
+        messages
+    }
+
+    pub(super) fn checkpoint(
+        &self,
+        completed: Vec<(usize, Message)>,
+        pending: Vec<crate::types::PendingCall>,
+    ) -> Checkpoint {
+        Checkpoint {
+            agent: self.config.name.to_string(),
+            run_id: self.ctx.run_id().to_string(),
+            thread_id: self.ctx.thread_id().map(str::to_owned),
+            messages: self.transcript(),
+            completed,
+            pending,
+            iteration: self.ctx.iteration(),
+            usage: self.ctx.usage(),
+            usage_total: self.ctx.total_usage(),
+            counters: self.counters,
+            output_attempts: self.output_attempts,
+        }
+    }
+
+    fn snapshot(
+        &self,
+        status: RunStatus,
+        output: String,
+        structured: Option<serde_json::Value>,
+    ) -> AgentRun {
+        AgentRun {
+            run_id: self.ctx.run_id().clone(),
+            agent: self.config.name.clone(),
+            messages: self.transcript(),
+            output,
+            structured,
+            usage: self.ctx.usage(),
+            usage_total: self.ctx.total_usage(),
+            counters: self.counters,
+            status,
+        }
+    }
+
+    fn finish(
+        &self,
+        status: RunStatus,
+        output: String,
+        structured: Option<serde_json::Value>,
+    ) -> AgentRun {
+        let run = self.snapshot(status, output, structured);
+        self.ctx.emit(|| AgentEvent::RunCompleted {
+            run_id: run.run_id.clone(),
+            status: run.status.as_str(),
+            usage: run.usage,
+            error: None,
+        });
+        run
+    }
+}

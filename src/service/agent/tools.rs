@@ -1,0 +1,359 @@
+//! One step's tool calls: verdicts, approvals, dispatch, results in order.
+
+use std::panic::AssertUnwindSafe;
+
+use futures::future::{try_join_all, BoxFuture};
+use futures::FutureExt;
+use tower::ServiceExt;
+use tracing::Instrument;
+
+use super::run::{classify, race, Run};
+use super::{panic_message, ToolFlags};
+use crate::error::{AgentError, ErrorKind};
+use crate::event::AgentEvent;
+use crate::hooks::{Notification, ToolCallResult, ToolDecision, ToolVerdict};
+use crate::request::{ToolInvocation, ToolOutput};
+use crate::types::{arguments_hash, ApprovalDecision, Checkpoint, Message, PendingCall, ToolCall};
+
+/// How a step ended.
+pub(super) enum Step {
+    /// Every call has its result, appended to the conversation.
+    Done,
+    /// Some calls wait for a decision.
+    Paused(Box<Checkpoint>),
+}
+
+enum Outcome {
+    /// The call has its result; `ran` tells whether the tool was called.
+    Done {
+        index: usize,
+        call: ToolCall,
+        output: ToolOutput,
+        ran: bool,
+    },
+    Deferred(PendingCall),
+}
+
+impl Run {
+    /// Runs `calls` (concurrently when the agent allows), appends their
+    /// results in call order, then `after_tool_batch`. `completed` holds
+    /// results of the same step from before a pause.
+    pub(super) fn tool_step<'a>(
+        &'a mut self,
+        calls: Vec<(usize, ToolCall)>,
+        decisions: &'a [ApprovalDecision],
+        resumed: bool,
+        completed: Vec<(usize, Message)>,
+    ) -> BoxFuture<'a, Result<Step, AgentError>> {
+        Box::pin(self.run_step(calls, decisions, resumed, completed))
+    }
+
+    async fn run_step(
+        &mut self,
+        calls: Vec<(usize, ToolCall)>,
+        decisions: &[ApprovalDecision],
+        resumed: bool,
+        mut completed: Vec<(usize, Message)>,
+    ) -> Result<Step, AgentError> {
+        let outcomes = if self.config.parallel_tool_calls && calls.len() > 1 {
+            // Boxed: a `Vec` of borrowing `async fn` futures trips rustc's
+            // `Send` inference (rust-lang/rust#102211).
+            let mut futures: Vec<BoxFuture<'_, Result<Outcome, AgentError>>> =
+                Vec::with_capacity(calls.len());
+            for (index, call) in calls {
+                let decision = find_decision(decisions, &call.id);
+                futures.push(self.one_call(index, call, decision, resumed));
+            }
+            try_join_all(futures).await?
+        } else {
+            let mut outcomes = Vec::with_capacity(calls.len());
+            for (index, call) in calls {
+                let decision = find_decision(decisions, &call.id);
+                outcomes.push(self.one_call(index, call, decision, resumed).await?);
+            }
+            outcomes
+        };
+
+        let mut pending = Vec::new();
+        let mut results = Vec::with_capacity(outcomes.len());
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Done {
+                    index,
+                    call,
+                    output,
+                    ran,
+                } => {
+                    self.counters.tool_calls += u32::from(ran);
+                    completed.push((
+                        index,
+                        Message::tool(call.id.as_str(), output.content.as_str()),
+                    ));
+                    results.push(ToolCallResult { call, output });
+                }
+                Outcome::Deferred(call) => pending.push(call),
+            }
+        }
+        completed.sort_by_key(|(index, _)| *index);
+
+        if !pending.is_empty() {
+            let ctx = &self.ctx;
+            ctx.emit(|| AgentEvent::RunPaused {
+                run_id: ctx.run_id().clone(),
+                pending: pending.iter().map(|p| p.call.id.clone()).collect(),
+            });
+            if let Some(hooks) = &self.hooks {
+                let notification = Notification::Paused {
+                    pending: pending.iter().map(|p| p.call.clone()).collect(),
+                };
+                hooks
+                    .on_notification(ctx, &notification)
+                    .await
+                    .map_err(classify)?;
+            }
+            return Ok(Step::Paused(Box::new(self.checkpoint(completed, pending))));
+        }
+
+        self.messages.extend(completed.into_iter().map(|(_, m)| m));
+        if let Some(hooks) = &self.hooks {
+            hooks
+                .after_tool_batch(&self.ctx, &results)
+                .await
+                .map_err(classify)?;
+        }
+        Ok(Step::Done)
+    }
+
+    fn one_call(
+        &self,
+        index: usize,
+        call: ToolCall,
+        decision: Option<ApprovalDecision>,
+        resumed: bool,
+    ) -> BoxFuture<'_, Result<Outcome, AgentError>> {
+        Box::pin(self.decide_and_invoke(index, call, decision, resumed))
+    }
+
+    async fn decide_and_invoke(
+        &self,
+        index: usize,
+        mut call: ToolCall,
+        decision: Option<ApprovalDecision>,
+        resumed: bool,
+    ) -> Result<Outcome, AgentError> {
+        let ctx = &self.ctx;
+        let verdict = match &self.hooks {
+            Some(hooks) => hooks
+                .before_tool(ctx, &call, resumed)
+                .await
+                .map_err(classify)?,
+            None => ToolVerdict::default(),
+        };
+        if let Some(arguments) = &verdict.updated_arguments {
+            call.arguments = arguments.to_string();
+        }
+        if verdict.decision != ToolDecision::Continue {
+            self.log_decision(
+                &call,
+                verdict.decision.as_str(),
+                verdict.decided_by.as_deref().unwrap_or("hook"),
+            );
+        }
+        let flags = self
+            .config
+            .flags
+            .get(&call.name)
+            .copied()
+            .unwrap_or_default();
+        let done = move |call: ToolCall, output: ToolOutput| Outcome::Done {
+            index,
+            call,
+            output,
+            ran: false,
+        };
+        let approval = match (verdict.decision, decision) {
+            (ToolDecision::Deny { reason }, _) => {
+                return Ok(done(
+                    call,
+                    ToolOutput::error(format!("The call was denied: {reason}")),
+                ));
+            }
+            (_, Some(decision)) if resumed => self.apply(&call, &decision, "resume")?,
+            (ToolDecision::Allow, _) => Approval::NotAsked,
+            (ToolDecision::Defer, _) => {
+                return Ok(Outcome::Deferred(PendingCall {
+                    index,
+                    arguments_hash: arguments_hash(&call.arguments),
+                    call,
+                }));
+            }
+            (ToolDecision::Ask, _) => self.ask(&call).await?,
+            (ToolDecision::Continue, _) if flags.requires_approval => self.ask(&call).await?,
+            (ToolDecision::Continue, _) => Approval::NotAsked,
+        };
+        let approved = match approval {
+            Approval::Declined(reason) => {
+                return Ok(done(
+                    call,
+                    ToolOutput::error(format!("The call was declined: {reason}")),
+                ));
+            }
+            Approval::Approved => true,
+            Approval::NotAsked => false,
+        };
+        let output = self.invoke(call.clone(), approved, flags).await?;
+        Ok(Outcome::Done {
+            index,
+            call,
+            output,
+            ran: true,
+        })
+    }
+
+    /// Sends the call down the tool stack; a failure the model should read
+    /// becomes an error result.
+    async fn invoke(
+        &self,
+        call: ToolCall,
+        approved: bool,
+        flags: ToolFlags,
+    ) -> Result<ToolOutput, AgentError> {
+        let ctx = &self.ctx;
+        let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
+        invocation.approved = approved;
+        invocation.idempotent = flags.idempotent;
+        ctx.emit(|| AgentEvent::ToolCallStarted {
+            run_id: ctx.run_id().clone(),
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+        });
+        let span = tracing::info_span!(
+            "execute_tool",
+            "gen_ai.operation.name" = "execute_tool",
+            "gen_ai.tool.name" = %call.name,
+            "gen_ai.tool.call.id" = %call.id,
+            "gen_ai.agent.name" = %self.config.name,
+        );
+        let tools = self.config.tools.clone();
+        let fut: BoxFuture<'_, Result<ToolOutput, crate::BoxError>> = match &self.hooks {
+            Some(hooks) => hooks.call_tool(invocation, tools),
+            None => Box::pin(tools.oneshot(invocation)),
+        };
+        let result = race(ctx, AssertUnwindSafe(fut.instrument(span)).catch_unwind()).await?;
+        let mut output = match result {
+            Err(panic) => ToolOutput::error(format!(
+                "The tool `{}` panicked: {}",
+                call.name,
+                panic_message(&*panic)
+            )),
+            Ok(Ok(output)) => output,
+            Ok(Err(err)) => {
+                let err = classify(err);
+                match err.kind() {
+                    ErrorKind::Tripwire
+                    | ErrorKind::Cancelled
+                    | ErrorKind::Middleware
+                    | ErrorKind::Approval
+                    | ErrorKind::HistoryIntegrity => return Err(err),
+                    _ => ToolOutput::error(format!("The tool `{}` failed: {err}", call.name)),
+                }
+            }
+        };
+        if ctx.stop_requested().is_some() {
+            ctx.attribute_stop(&format!("tool:{}", call.name));
+        }
+        if let Some(hooks) = &self.hooks {
+            hooks
+                .after_tool(ctx, &call, &mut output)
+                .await
+                .map_err(classify)?;
+        }
+        ctx.emit(|| AgentEvent::ToolCallCompleted {
+            run_id: ctx.run_id().clone(),
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            is_error: output.is_error,
+        });
+        Ok(output)
+    }
+
+    /// A call asks for approval: the hooks decide, then the approver; if
+    /// nobody does, it is declined.
+    async fn ask(&self, call: &ToolCall) -> Result<Approval, AgentError> {
+        let ctx = &self.ctx;
+        if let Some(hooks) = &self.hooks {
+            if let Some(decision) = hooks.decide_approval(ctx, call).await.map_err(classify)? {
+                return self.apply(call, &decision, "hook");
+            }
+            let notification = Notification::ApprovalRequested { call: call.clone() };
+            hooks
+                .on_notification(ctx, &notification)
+                .await
+                .map_err(classify)?;
+        }
+        if let Some(approver) = &self.config.approver {
+            let decision = race(ctx, approver(call.clone(), ctx.clone())).await?;
+            if let Some(decision) = decision {
+                return self.apply(call, &decision, "approver");
+            }
+        }
+        self.log_decision(call, "declined", "nobody");
+        Ok(Approval::Declined("nobody approved it".into()))
+    }
+
+    /// Checks that `decision` is for this call and these arguments.
+    fn apply(
+        &self,
+        call: &ToolCall,
+        decision: &ApprovalDecision,
+        by: &str,
+    ) -> Result<Approval, AgentError> {
+        if decision.call_id != call.id {
+            return Err(AgentError::Approval(format!(
+                "a decision for call `{}` was given for call `{}`",
+                decision.call_id, call.id
+            )));
+        }
+        if let Some(hash) = &decision.arguments_hash {
+            if *hash != arguments_hash(&call.arguments) {
+                return Err(AgentError::Approval(format!(
+                    "the decision for call `{}` ({}) was made for other arguments than {}",
+                    call.id, call.name, call.arguments
+                )));
+            }
+        }
+        if decision.approved {
+            self.log_decision(call, "approved", by);
+            Ok(Approval::Approved)
+        } else {
+            self.log_decision(call, "declined", by);
+            Ok(Approval::Declined(
+                decision
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| "no reason given".into()),
+            ))
+        }
+    }
+
+    fn log_decision(&self, call: &ToolCall, decision: &'static str, by: &str) {
+        let ctx = &self.ctx;
+        tracing::debug!(call_id = %call.id, tool = %call.name, decision, decided_by = by, "tool call decision");
+        ctx.emit(|| AgentEvent::ToolDecision {
+            run_id: ctx.run_id().clone(),
+            call_id: call.id.clone(),
+            decision,
+            decided_by: by.to_owned(),
+        });
+    }
+}
+
+fn find_decision(decisions: &[ApprovalDecision], call_id: &str) -> Option<ApprovalDecision> {
+    decisions.iter().find(|d| d.call_id == call_id).cloned()
+}
+
+enum Approval {
+    Approved,
+    Declined(String),
+    NotAsked,
+}

@@ -1,0 +1,244 @@
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::future::{BoxFuture, Either};
+use tower::{Service, ServiceExt};
+
+use super::{box_tool, BoxTool, FnTool};
+use crate::error::BoxError;
+use crate::request::{ToolInvocation, ToolOutput};
+use crate::types::ToolSpec;
+
+/// A tool for the [`ToolRouter`]: its spec, how it may be called, and the
+/// service that runs it.
+#[derive(Clone)]
+pub struct ToolDef {
+    /// What the model sees.
+    pub spec: ToolSpec,
+    /// Whether calling it twice is safe (a retry layer may then retry it).
+    pub idempotent: bool,
+    /// Whether each call needs approval.
+    pub requires_approval: bool,
+    /// The service.
+    pub service: BoxTool,
+}
+
+impl ToolDef {
+    /// A tool from a spec and any tool service.
+    pub fn new<S>(spec: ToolSpec, service: S) -> Self
+    where
+        S: Service<ToolInvocation, Response = ToolOutput> + Clone + Send + Sync + 'static,
+        S::Error: Into<BoxError>,
+        S::Future: Send + 'static,
+    {
+        Self {
+            spec,
+            idempotent: false,
+            requires_approval: false,
+            service: box_tool(service),
+        }
+    }
+
+    /// Marks it idempotent.
+    pub fn idempotent(mut self) -> Self {
+        self.idempotent = true;
+        self
+    }
+
+    /// Marks it as needing approval.
+    pub fn requires_approval(mut self) -> Self {
+        self.requires_approval = true;
+        self
+    }
+}
+
+impl fmt::Debug for ToolDef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolDef")
+            .field("name", &self.spec.name)
+            .field("idempotent", &self.idempotent)
+            .field("requires_approval", &self.requires_approval)
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<FnTool> for ToolDef {
+    fn from(tool: FnTool) -> Self {
+        let (spec, idempotent, requires_approval) =
+            (tool.spec.clone(), tool.idempotent, tool.requires_approval);
+        Self {
+            idempotent,
+            requires_approval,
+            ..ToolDef::new(spec, tool)
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Entry {
+    def: ToolDef,
+    validator: Result<Arc<jsonschema::Validator>, String>,
+}
+
+/// Dispatches [`ToolInvocation`]s by tool name, validating the arguments
+/// against the tool's JSON Schema first.
+///
+/// What the model did wrong becomes a [`ToolOutput::error`] the model reads,
+/// never a failed run: arguments that are not JSON, arguments that do not
+/// match the schema, an unknown tool. A tool's own error passes through as
+/// `Err`, so the run can tell a [`tripwire`](crate::tripwire) from a failure
+/// the model should read.
+///
+/// ```
+/// use tower::ServiceExt;
+/// use tower_agent::{tool_sync, BoxError, RunContext, ToolInvocation, ToolRouter};
+/// use tower_agent::types::ToolCall;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Sum { a: i64, b: i64 }
+/// let router = ToolRouter::new().tool(tool_sync("add", "Adds", |s: Sum| Ok::<_, BoxError>(s.a + s.b)));
+///
+/// let call = ToolCall::new("c1", "add", r#"{"a": 2, "b": "x"}"#);
+/// let out = router.oneshot(ToolInvocation::new(call, RunContext::new())).await.unwrap();
+/// assert!(out.is_error);
+/// assert!(out.content.contains("\"x\" is not of type \"integer\""), "{}", out.content);
+/// # }
+/// ```
+///
+/// # Clone
+///
+/// Cheap: the table is shared.
+#[derive(Clone, Default)]
+pub struct ToolRouter {
+    tools: Arc<HashMap<String, Entry>>,
+    specs: Arc<[ToolSpec]>,
+}
+
+impl ToolRouter {
+    /// A router with no tools.
+    pub fn new() -> Self {
+        Self {
+            tools: Arc::default(),
+            specs: Arc::from([]),
+        }
+    }
+
+    /// Adds a tool, replacing one of the same name.
+    ///
+    /// # Panics
+    ///
+    /// Never; a tool whose schema does not compile answers every call with
+    /// an error naming the schema problem.
+    pub fn tool(self, tool: impl Into<ToolDef>) -> Self {
+        let def = tool.into();
+        let validator = jsonschema::validator_for(&def.spec.parameters)
+            .map(Arc::new)
+            .map_err(|e| e.to_string());
+        let mut tools = Arc::unwrap_or_clone(self.tools);
+        let mut specs: Vec<ToolSpec> = self
+            .specs
+            .iter()
+            .filter(|s| s.name != def.spec.name)
+            .cloned()
+            .collect();
+        specs.push(def.spec.clone());
+        tools.insert(def.spec.name.clone(), Entry { def, validator });
+        Self {
+            tools: Arc::new(tools),
+            specs: specs.into(),
+        }
+    }
+
+    /// The specs of every tool, in the order they were added.
+    pub fn specs(&self) -> &Arc<[ToolSpec]> {
+        &self.specs
+    }
+
+    /// The tool called `name`.
+    pub fn get(&self, name: &str) -> Option<&ToolDef> {
+        self.tools.get(name).map(|e| &e.def)
+    }
+
+    /// The number of tools.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    /// Whether it has no tools.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    fn check(&self, invocation: &ToolInvocation) -> Result<BoxTool, ToolOutput> {
+        let name = &invocation.call.name;
+        let Some(entry) = self.tools.get(name) else {
+            let mut known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            return Err(ToolOutput::error(format!(
+                "unknown tool `{name}`; the tools are: {}",
+                known.join(", ")
+            )));
+        };
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&invocation.call.arguments) {
+            if invocation.args.is_null() {
+                return Err(ToolOutput::error(format!(
+                    "the arguments of `{name}` are not valid JSON ({e}); send a JSON object"
+                )));
+            }
+        }
+        let validator = entry
+            .validator
+            .as_ref()
+            .map_err(|e| ToolOutput::error(format!("tool `{name}` has an invalid schema: {e}")))?;
+        let errors: Vec<String> = validator
+            .iter_errors(&invocation.args)
+            .map(|e| {
+                let path = e.instance_path().to_string();
+                if path.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("{path}: {e}")
+                }
+            })
+            .collect();
+        if !errors.is_empty() {
+            return Err(ToolOutput::error(format!(
+                "the arguments of `{name}` do not match its schema: {}",
+                errors.join("; ")
+            )));
+        }
+        Ok(entry.def.service.clone())
+    }
+}
+
+impl fmt::Debug for ToolRouter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.specs.iter().map(|s| &s.name))
+            .finish()
+    }
+}
+
+impl Service<ToolInvocation> for ToolRouter {
+    type Response = ToolOutput;
+    type Error = BoxError;
+    type Future = Either<
+        futures::future::Ready<Result<ToolOutput, BoxError>>,
+        BoxFuture<'static, Result<ToolOutput, BoxError>>,
+    >;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Each tool is driven to readiness in `call`, on its own clone.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, invocation: ToolInvocation) -> Self::Future {
+        match self.check(&invocation) {
+            Ok(service) => Either::Right(Box::pin(service.oneshot(invocation))),
+            Err(output) => Either::Left(futures::future::ready(Ok(output))),
+        }
+    }
+}

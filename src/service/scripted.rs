@@ -1,0 +1,328 @@
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tower::Service;
+
+use crate::error::{BoxError, ErrorKind, ProviderError};
+use crate::request::ModelCall;
+use crate::types::{Message, ModelDelta, ModelRequest, ModelResponse, ToolCall, Usage};
+
+/// One answer of a [`ScriptedModel`]: a message (text, tool calls or both),
+/// or an error, with usage and streaming options.
+#[derive(Debug, Clone)]
+pub struct ScriptedTurn {
+    answer: Result<Message, (ErrorKind, String, Option<Duration>)>,
+    usage: Option<Usage>,
+    chunk_chars: usize,
+    delay: Option<Duration>,
+}
+
+impl ScriptedTurn {
+    fn new(message: Message) -> Self {
+        Self {
+            answer: Ok(message),
+            usage: None,
+            chunk_chars: 8,
+            delay: None,
+        }
+    }
+
+    /// A final answer with `text`.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self::new(Message::assistant(text))
+    }
+
+    /// A turn that calls one tool with `arguments` (JSON text). The call id is
+    /// `call_<n>`, numbered by the model across its answers.
+    pub fn tool_call(name: impl Into<String>, arguments: impl Into<String>) -> Self {
+        Self::tool_calls([ToolCall::new("", name, arguments)])
+    }
+
+    /// A turn that calls several tools; empty ids are numbered as in
+    /// [`tool_call`](Self::tool_call).
+    pub fn tool_calls(calls: impl IntoIterator<Item = ToolCall>) -> Self {
+        Self::new(Message::assistant_tool_calls(calls.into_iter().collect()))
+    }
+
+    /// A turn answering `message` as it is.
+    pub fn message(message: Message) -> Self {
+        Self::new(message)
+    }
+
+    /// A turn that fails with a [`ProviderError`] of `kind`.
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            answer: Err((kind, message.into(), None)),
+            ..Self::text("")
+        }
+    }
+
+    /// A turn that fails as rate-limited, asking to retry after `after`.
+    pub fn rate_limited(after: Duration) -> Self {
+        Self {
+            answer: Err((ErrorKind::RateLimited, "rate limited".into(), Some(after))),
+            ..Self::text("")
+        }
+    }
+
+    /// The usage to report. Without it, the model reports a deterministic
+    /// estimate: a token per 4 bytes of input and of output, rounded up.
+    pub fn usage(mut self, usage: Usage) -> Self {
+        self.usage = Some(usage);
+        self
+    }
+
+    /// Streams the text in pieces of at most `chars` characters (default 8).
+    pub fn chunk_chars(mut self, chars: usize) -> Self {
+        self.chunk_chars = chars.max(1);
+        self
+    }
+
+    /// Waits `delay` before answering (on tokio's clock).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+}
+
+type Responder = dyn Fn(&ModelRequest) -> ScriptedTurn + Send + Sync;
+
+enum Script {
+    Turns(Mutex<VecDeque<ScriptedTurn>>),
+    Function(Box<Responder>),
+}
+
+struct Inner {
+    name: String,
+    script: Script,
+    latency: Option<Duration>,
+    record: bool,
+    seen: Mutex<Vec<ModelRequest>>,
+    next_call_id: std::sync::atomic::AtomicU64,
+}
+
+/// The embedded, deterministic model: for the quickstart, tests and benches.
+///
+/// It answers from a script of [`ScriptedTurn`]s, in order, or from a function
+/// of the request. It streams text and tool-call deltas when the call has a
+/// sink, reports usage (and records it into the run's ledger, as a provider
+/// does), and keeps the requests it saw.
+///
+/// ```
+/// use tower::ServiceExt;
+/// use tower_agent::{ModelCall, RunContext, ScriptedModel, ScriptedTurn};
+/// use tower_agent::types::{Message, ModelRequest};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let model = ScriptedModel::new([ScriptedTurn::text("hello")]);
+/// let call = ModelCall::new(ModelRequest::new("scripted", vec![Message::user("hi")]), RunContext::new());
+/// let response = model.clone().oneshot(call).await.unwrap();
+/// assert_eq!(response.message.text(), "hello");
+/// assert_eq!(model.requests().len(), 1);
+/// # }
+/// ```
+///
+/// # Clone
+///
+/// Clones share the script and the record of requests.
+#[derive(Clone)]
+pub struct ScriptedModel {
+    inner: Arc<Inner>,
+}
+
+impl ScriptedModel {
+    /// A model answering `turns` in order; past the last, calls fail with
+    /// `INVALID_REQUEST`.
+    pub fn new(turns: impl IntoIterator<Item = ScriptedTurn>) -> Self {
+        Self::with_script(Script::Turns(Mutex::new(turns.into_iter().collect())))
+    }
+
+    /// A model answering with `f(request)`.
+    pub fn from_fn(f: impl Fn(&ModelRequest) -> ScriptedTurn + Send + Sync + 'static) -> Self {
+        Self::with_script(Script::Function(Box::new(f)))
+    }
+
+    fn with_script(script: Script) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                name: "scripted".into(),
+                script,
+                latency: None,
+                record: true,
+                seen: Mutex::default(),
+                next_call_id: Default::default(),
+            }),
+        }
+    }
+
+    fn inner_mut(&mut self) -> &mut Inner {
+        Arc::get_mut(&mut self.inner).expect("configure a ScriptedModel before cloning it")
+    }
+
+    /// The model name it reports when the request names none.
+    ///
+    /// # Panics
+    ///
+    /// If called after the model was cloned.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.inner_mut().name = name.into();
+        self
+    }
+
+    /// Waits `latency` before every answer (on tokio's clock).
+    ///
+    /// # Panics
+    ///
+    /// If called after the model was cloned.
+    pub fn latency(mut self, latency: Duration) -> Self {
+        self.inner_mut().latency = Some(latency);
+        self
+    }
+
+    /// Whether to keep the requests it sees (default `true`). Keeping them
+    /// holds each turn's history alive, so turn it off for benchmarks.
+    ///
+    /// # Panics
+    ///
+    /// If called after the model was cloned.
+    pub fn record(mut self, record: bool) -> Self {
+        self.inner_mut().record = record;
+        self
+    }
+
+    /// The requests it saw, in order.
+    pub fn requests(&self) -> Vec<ModelRequest> {
+        self.inner
+            .seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// How many turns of the script are left.
+    pub fn remaining(&self) -> usize {
+        match &self.inner.script {
+            Script::Turns(turns) => turns.lock().unwrap_or_else(PoisonError::into_inner).len(),
+            Script::Function(_) => usize::MAX,
+        }
+    }
+
+    fn next_turn(&self, request: &ModelRequest) -> Option<ScriptedTurn> {
+        match &self.inner.script {
+            Script::Turns(turns) => turns
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop_front(),
+            Script::Function(f) => Some(f(request)),
+        }
+    }
+}
+
+impl fmt::Debug for ScriptedModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScriptedModel")
+            .field("name", &self.inner.name)
+            .field("remaining", &self.remaining())
+            .finish_non_exhaustive()
+    }
+}
+
+fn estimate(bytes: u64) -> u64 {
+    bytes.div_ceil(4)
+}
+
+impl Service<ModelCall> for ScriptedModel {
+    type Response = ModelResponse;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<ModelResponse, BoxError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ModelCall) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let ModelCall {
+                request,
+                stream,
+                context,
+                ..
+            } = call;
+            if this.inner.record {
+                this.inner
+                    .seen
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(request.clone());
+            }
+            let turn = this.next_turn(&request).ok_or_else(|| {
+                ProviderError::new(ErrorKind::InvalidRequest, "the script has no more turns")
+            })?;
+            if let Some(latency) = this.inner.latency {
+                tokio::time::sleep(latency).await;
+            }
+            if let Some(delay) = turn.delay {
+                tokio::time::sleep(delay).await;
+            }
+            let mut message = match turn.answer {
+                Ok(message) => message,
+                Err((kind, text, retry_after)) => {
+                    let mut err = ProviderError::new(kind, text);
+                    if let Some(after) = retry_after {
+                        err = err.retry_after(after);
+                    }
+                    return Err(err.into());
+                }
+            };
+            for call in &mut message.tool_calls {
+                if call.id.is_empty() {
+                    let n = this
+                        .inner
+                        .next_call_id
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    call.id = format!("call_{}", n + 1);
+                }
+            }
+            if let Some(sink) = &stream {
+                let text = message.text();
+                let mut rest: &str = &text;
+                while !rest.is_empty() {
+                    let end = rest
+                        .char_indices()
+                        .nth(turn.chunk_chars)
+                        .map_or(rest.len(), |(i, _)| i);
+                    sink.send(&ModelDelta::text(&rest[..end]));
+                    rest = &rest[end..];
+                }
+                for (index, call) in message.tool_calls.iter().enumerate() {
+                    sink.send(&ModelDelta::ToolCall {
+                        index,
+                        id: Some(call.id.clone()),
+                        name: Some(call.name.clone()),
+                        arguments: call.arguments.clone(),
+                    });
+                }
+            }
+            let usage = turn.usage.unwrap_or_else(|| {
+                Usage::new(
+                    estimate(request.messages.text_len()),
+                    estimate(message.text_len() as u64),
+                )
+            });
+            let model = if request.model.is_empty() {
+                this.inner.name.clone()
+            } else {
+                request.model
+            };
+            context.record_usage(&model, usage);
+            let mut response = ModelResponse::new(model, message).usage(usage);
+            response.usage_recorded = true;
+            Ok(response)
+        })
+    }
+}
