@@ -1,2 +1,146 @@
-//! Placeholder until the quickstart lands.
-fn main() {}
+//! A support agent with two tools and a sub-agent, on the embedded
+//! `ScriptedModel`: no key and no network.
+//!
+//! ```sh
+//! cargo run --example quickstart
+//! ```
+
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use tower::ServiceBuilder;
+use tower_agent::types::{Message, Role, ToolCall};
+use tower_agent::{
+    tool_fn, tool_sync, Agent, AgentError, AgentTool, BoxError, RunContext, RunRequest,
+    ScriptedModel, ScriptedTurn, ToolRouter,
+};
+
+#[derive(Deserialize, JsonSchema)]
+struct OrderId {
+    /// The order's id, such as `A-1042`.
+    id: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct Customer {
+    /// The customer's e-mail address.
+    email: String,
+}
+
+/// The billing specialist: a whole agent, used by the support agent as a tool.
+fn billing_agent() -> Result<Agent, AgentError> {
+    let model = ScriptedModel::new([ScriptedTurn::text(
+        "A-1042 was paid in full on 2 November; no refund is due.",
+    )])
+    .name("scripted-billing");
+    Agent::builder("billing")
+        .instructions("You answer billing questions.")
+        .model(model)
+        .build()
+}
+
+/// The support agent's model: scripted turns, wrapped in tower's own layers.
+fn support_model() -> ScriptedModel {
+    ScriptedModel::new([
+        // Turn 1: two tool calls at once.
+        ScriptedTurn::tool_calls([
+            ToolCall::new("call_1", "order_status", r#"{"id": "A-1042"}"#),
+            ToolCall::new("call_2", "customer", r#"{"email": "ada@example.com"}"#),
+        ]),
+        // Turn 2: ask the billing specialist.
+        ScriptedTurn::tool_call(
+            "billing",
+            r#"{"input": "Was order A-1042 paid, and is a refund due?"}"#,
+        ),
+        // Turn 3: the answer.
+        ScriptedTurn::text(
+            "Hi Ada! Order A-1042 left our warehouse yesterday and should arrive on Thursday. \
+             It was paid in full, so there is nothing to refund.",
+        ),
+    ])
+    .name("scripted-support")
+}
+
+fn print_transcript(messages: &[Message]) {
+    for message in messages {
+        let who = match message.role {
+            Role::System => "system   ",
+            Role::User => "user     ",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool     ",
+        };
+        let text = message.text();
+        if !text.is_empty() {
+            println!("  {who} │ {text}");
+        }
+        for call in &message.tool_calls {
+            println!("  {who} │ → {}({}) [{}]", call.name, call.arguments, call.id);
+        }
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), AgentError> {
+    let tools = ToolRouter::new()
+        .tool(
+            tool_sync("order_status", "Where an order is", |order: OrderId| {
+                Ok::<_, BoxError>(format!("{}: shipped yesterday, arrives Thursday", order.id))
+            })
+            .idempotent(),
+        )
+        .tool(tool_fn(
+            "customer",
+            "A customer's name and plan",
+            |customer: Customer| async move {
+                Ok::<_, BoxError>(serde_json::json!({"email": customer.email, "name": "Ada", "plan": "premium"}))
+            },
+        ))
+        .tool(AgentTool::new(
+            "billing",
+            "Ask the billing specialist",
+            billing_agent()?,
+        ));
+
+    // The model stack: any tower layers, composed with ServiceBuilder.
+    let model = ServiceBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .service(support_model());
+
+    let agent = Agent::builder("support")
+        .instructions("You help customers with their orders. Be brief and kind.")
+        .model(model)
+        .tools(tools)
+        .max_turns(6)
+        .build()?;
+
+    let ctx = RunContext::builder().thread_id("thread-7").build();
+    let request = RunRequest::new("Hi, where is my order A-1042? Do I get a refund?").context(ctx.clone());
+    let run = tower::ServiceExt::oneshot(agent, request).await?;
+
+    println!("Transcript of run {} ({}):", run.run_id, run.status.as_str());
+    print_transcript(&run.messages);
+
+    println!("\nCounters: {} turns, {} model calls, {} tool calls",
+        run.counters.turns, run.counters.model_calls, run.counters.tool_calls);
+    println!("\nUsage, one line per model call that reached a backend:");
+    for entry in ctx.usage_entries() {
+        println!(
+            "  {:<8} {:<17} in {:>4}  out {:>4}",
+            entry.agent.as_deref().unwrap_or("?"),
+            entry.model,
+            entry.usage.input_tokens,
+            entry.usage.output_tokens
+        );
+    }
+    println!(
+        "  support alone: in {:>4}  out {:>4}",
+        run.usage.input_tokens, run.usage.output_tokens
+    );
+    println!(
+        "  with billing:  in {:>4}  out {:>4}",
+        run.usage_total.input_tokens, run.usage_total.output_tokens
+    );
+    println!("\nFinal answer: {}", run.output);
+    Ok(())
+}

@@ -37,7 +37,7 @@ impl ScriptedTurn {
     }
 
     /// A turn that calls one tool with `arguments` (JSON text). The call id is
-    /// `call_<n>`, numbered by the model across its answers.
+    /// `call_<n>`: the model numbers every tool call it makes, from 1.
     pub fn tool_call(name: impl Into<String>, arguments: impl Into<String>) -> Self {
         Self::tool_calls([ToolCall::new("", name, arguments)])
     }
@@ -280,11 +280,12 @@ impl Service<ModelCall> for ScriptedModel {
                 }
             };
             for call in &mut message.tool_calls {
+                // Every call counts, so numbered ids never repeat given ones.
+                let n = this
+                    .inner
+                    .next_call_id
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if call.id.is_empty() {
-                    let n = this
-                        .inner
-                        .next_call_id
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     call.id = format!("call_{}", n + 1);
                 }
             }
