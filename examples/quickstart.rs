@@ -75,7 +75,10 @@ fn print_transcript(messages: &[Message]) {
             println!("  {who} │ {text}");
         }
         for call in &message.tool_calls {
-            println!("  {who} │ → {}({}) [{}]", call.name, call.arguments, call.id);
+            println!(
+                "  {who} │ → {}({}) [{}]",
+                call.name, call.arguments, call.id
+            );
         }
     }
 }
@@ -93,7 +96,9 @@ async fn main() -> Result<(), AgentError> {
             "customer",
             "A customer's name and plan",
             |customer: Customer| async move {
-                Ok::<_, BoxError>(serde_json::json!({"email": customer.email, "name": "Ada", "plan": "premium"}))
+                Ok::<_, BoxError>(
+                    serde_json::json!({"email": customer.email, "name": "Ada", "plan": "premium"}),
+                )
             },
         ))
         .tool(AgentTool::new(
@@ -115,14 +120,21 @@ async fn main() -> Result<(), AgentError> {
         .build()?;
 
     let ctx = RunContext::builder().thread_id("thread-7").build();
-    let request = RunRequest::new("Hi, where is my order A-1042? Do I get a refund?").context(ctx.clone());
+    let request =
+        RunRequest::new("Hi, where is my order A-1042? Do I get a refund?").context(ctx.clone());
     let run = tower::ServiceExt::oneshot(agent, request).await?;
 
-    println!("Transcript of run {} ({}):", run.run_id, run.status.as_str());
+    println!(
+        "Transcript of run {} ({}):",
+        run.run_id,
+        run.status.as_str()
+    );
     print_transcript(&run.messages);
 
-    println!("\nCounters: {} turns, {} model calls, {} tool calls",
-        run.counters.turns, run.counters.model_calls, run.counters.tool_calls);
+    println!(
+        "\nCounters: {} turns, {} model calls, {} tool calls",
+        run.counters.turns, run.counters.model_calls, run.counters.tool_calls
+    );
     println!("\nUsage, one line per model call that reached a backend:");
     for entry in ctx.usage_entries() {
         println!(

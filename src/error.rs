@@ -452,7 +452,17 @@ pub fn kind_of(err: &(dyn StdError + 'static)) -> ErrorKind {
 
 /// The `Retry-After` hint of an error, if it carries one.
 pub fn retry_after(err: &(dyn StdError + 'static)) -> Option<Duration> {
-    find::<ProviderError>(err).and_then(ProviderError::retry_after_hint)
+    let mut current = Some(err);
+    while let Some(err) = current {
+        if let Some(AgentError::Provider(provider)) = err.downcast_ref::<AgentError>() {
+            return provider.retry_after_hint();
+        }
+        if let Some(provider) = err.downcast_ref::<ProviderError>() {
+            return provider.retry_after_hint();
+        }
+        current = err.source();
+    }
+    None
 }
 
 #[cfg(test)]

@@ -3,10 +3,8 @@
 //! The [`Agent`](crate::Agent) loop knows nothing of middleware. At each hook
 //! point it asks the [`RunContext`] for the installed `RunHooks` and, when
 //! there are some, calls them; with none installed, a hook point costs one
-//! branch. The lifecycle layer
-//! ([`LifecycleLayer`](crate::lifecycle::LifecycleLayer)) implements this trait
-//! over a stack of [`Middleware`](crate::lifecycle::Middleware) and installs
-//! it; nested runs inherit it.
+//! branch. The lifecycle layer implements this trait over a stack of
+//! middleware and installs it; nested runs inherit it.
 //!
 //! Implement it yourself only to replace the lifecycle adapter.
 

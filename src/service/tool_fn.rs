@@ -244,7 +244,7 @@ impl Service<ToolInvocation> for FnTool {
                             if e.is_panic() {
                                 format!(
                                     "the tool panicked: {}",
-                                    crate::service::agent::panic_message(&e.into_panic())
+                                    crate::service::agent::panic_message(&*e.into_panic())
                                 )
                                 .into()
                             } else {
