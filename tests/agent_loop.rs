@@ -387,3 +387,35 @@ async fn events_bracket_the_run_and_every_call() {
     });
     assert!(matches!(usage, Some((u, "completed")) if u != Usage::default()));
 }
+
+#[tokio::test]
+async fn a_thread_continues_from_the_previous_transcript() {
+    let model = ScriptedModel::new([ScriptedTurn::text("first"), ScriptedTurn::text("second")]);
+    let agent = Agent::builder("a")
+        .instructions("Be brief.")
+        .model(model.clone())
+        .build()
+        .unwrap();
+    let first = agent.run("one").await.unwrap();
+    assert_eq!(first.messages.len(), 3);
+    let history = first.messages;
+    let second = agent
+        .clone()
+        .oneshot(RunRequest::new("two").history(history))
+        .await
+        .unwrap();
+    let roles: Vec<Role> = second.messages.iter().map(|m| m.role).collect();
+    assert_eq!(
+        roles,
+        [
+            Role::System,
+            Role::User,
+            Role::Assistant,
+            Role::User,
+            Role::Assistant
+        ],
+        "the system prompt is not repeated"
+    );
+    assert_eq!(second.messages[1].text(), "one");
+    assert_eq!(second.output, "second");
+}

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{Message, ToolCall, Usage};
+use super::{History, Message, ToolCall, Usage};
 
 /// The result of a run: what it said, what it cost and how it ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -15,7 +15,9 @@ pub struct AgentRun {
     pub agent: Arc<str>,
     /// The conversation: the history it started from, the input and every
     /// message of the run (context added for one run only is left out).
-    pub messages: Vec<Message>,
+    /// Shared, not copied: pass it back as the next run's history and that
+    /// run appends to it in place.
+    pub messages: History,
     /// The final answer's text (empty unless completed).
     pub output: String,
     /// The final answer parsed and validated against the response schema.

@@ -133,12 +133,21 @@ pub(super) fn classify(err: BoxError) -> AgentError {
 
 impl Run {
     /// A new run: system prompt, history, the input guard, the input.
-    async fn begin(&mut self, mut input: Message, history: History) -> Result<(), AgentError> {
-        let mut messages = Vec::with_capacity(history.len() + 2);
+    ///
+    /// A history that already starts with the system prompt (the transcript
+    /// of an earlier run of this agent) is used as it is, so a long thread
+    /// costs nothing to continue.
+    async fn begin(&mut self, mut input: Message, mut messages: History) -> Result<(), AgentError> {
         if let Some(instructions) = &self.config.instructions {
-            messages.push(Message::system(instructions.as_str()));
+            let starts_with_prompt = messages
+                .first()
+                .is_some_and(|m| m.role == Role::System && m.text() == instructions.as_str());
+            if !starts_with_prompt {
+                messages
+                    .to_mut()
+                    .insert(0, Message::system(instructions.as_str()));
+            }
         }
-        messages.extend(history.iter().cloned());
         let added = match &self.hooks {
             Some(hooks) => hooks
                 .before_run(&self.ctx, &mut input, &messages)
@@ -148,7 +157,7 @@ impl Run {
         };
         messages.push(input);
         messages.extend(added.into_iter().map(Message::system));
-        self.messages = History::from(messages);
+        self.messages = messages;
         Ok(())
     }
 
@@ -386,15 +395,19 @@ impl Run {
         Ok(response)
     }
 
-    /// The conversation without the context added for this run only.
-    pub(super) fn transcript(&self) -> Vec<Message> {
+    /// The conversation without the context added for this run only: shared
+    /// with the run's history (O(1)) unless there is such context.
+    pub(super) fn transcript(&self) -> History {
+        if self.ephemeral.is_empty() {
+            return self.messages.clone();
+        }
         let mut messages = self.messages.to_vec();
         for ephemeral in &self.ephemeral {
             if let Some(at) = messages.iter().position(|m| m == ephemeral) {
                 messages.remove(at);
             }
         }
-        messages
+        History::from(messages)
     }
 
     pub(super) fn checkpoint(
@@ -406,7 +419,7 @@ impl Run {
             agent: self.config.name.to_string(),
             run_id: self.ctx.run_id().to_string(),
             thread_id: self.ctx.thread_id().map(str::to_owned),
-            messages: self.transcript(),
+            messages: self.transcript().into_vec(),
             completed,
             pending,
             iteration: self.ctx.iteration(),
