@@ -13,7 +13,7 @@ use tower::ServiceExt;
 use tower_agent::types::{History, Message};
 use tower_agent::{Agent, RunRequest, ScriptedModel, ScriptedTurn};
 
-#[path = "common.rs"]
+#[path = "common/mod.rs"]
 mod common;
 
 const INSTRUCTIONS: &str = "You answer briefly.";

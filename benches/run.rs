@@ -8,7 +8,7 @@ use tower::{service_fn, ServiceExt};
 use tower_agent::types::{Message, ToolCall};
 use tower_agent::Agent;
 
-#[path = "common.rs"]
+#[path = "common/mod.rs"]
 mod common;
 
 /// The floor: a model and a tool as plain tower services, a loop that keeps
@@ -28,14 +28,14 @@ async fn raw_tower_run() -> usize {
     });
     let mut messages = vec![Message::user("hi")];
     loop {
-        let answer = model.clone().oneshot(messages.clone()).await.unwrap();
+        let answer = model.oneshot(messages.clone()).await.unwrap();
         let calls = answer.tool_calls.clone();
         messages.push(answer);
         if calls.is_empty() {
             return messages.len();
         }
         for call in calls {
-            messages.push(tool.clone().oneshot(call).await.unwrap());
+            messages.push(tool.oneshot(call).await.unwrap());
         }
     }
 }

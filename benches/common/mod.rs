@@ -7,7 +7,7 @@ use serde::Deserialize;
 use tower_agent::types::{ModelRequest, Role};
 use tower_agent::{tool_sync, BoxError, ScriptedModel, ScriptedTurn, ToolRouter};
 
-#[derive(Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize, JsonSchema)]
 pub struct Lookup {
     pub id: u32,
 }
