@@ -1,0 +1,385 @@
+//! A response cache for model calls: an identical request is answered from
+//! the cache, without the model.
+//!
+//! The key ([`CacheKey`]) is a SHA-256 of the request's model name, messages,
+//! tools and settings. The messages enter through
+//! [`History::digest`](crate::types::History::digest), an incremental prefix
+//! chain, so a turn's key costs O(new messages), not O(history); the tool
+//! list's digest is remembered while the agent keeps sending the same list.
+//! Responses live in a [`CacheStore`]: [`MemoryStore`] (bounded entries, a
+//! time to live each, on moka) by default, or a store of yours.
+//!
+//! ```
+//! use tower::{Service, ServiceBuilder, ServiceExt};
+//! use tower_agent::event::{AgentEvent, CollectingSink};
+//! use tower_agent::layers::cache::CacheLayer;
+//! use tower_agent::types::{Message, ModelRequest};
+//! use tower_agent::{ModelCall, RunContext, ScriptedModel, ScriptedTurn};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::BoxError> {
+//! let model = ScriptedModel::new([ScriptedTurn::text("Paris.")]);
+//! let mut cached = ServiceBuilder::new()
+//!     .layer(CacheLayer::new())
+//!     .service(model.clone());
+//!
+//! let events = CollectingSink::new();
+//! let ctx = RunContext::builder().events(events.clone()).build();
+//! let request = ModelRequest::new("m", vec![Message::user("Capital of France?")]);
+//!
+//! let first = cached.ready().await?.call(ModelCall::new(request.clone(), ctx.clone())).await?;
+//! let second = cached.ready().await?.call(ModelCall::new(request, ctx.clone())).await?;
+//! assert_eq!(second.message, first.message);
+//! assert!(second.usage.is_zero()); // a hit costs nothing…
+//! assert_eq!(ctx.usage(), first.usage); // …and records nothing
+//! assert_eq!(model.requests().len(), 1); // the model was asked once
+//! assert!(events.events().iter().any(|e| matches!(e, AgentEvent::CacheHit { .. })));
+//! # Ok(()) }
+//! ```
+//!
+//! # What a hit returns
+//!
+//! The stored response — message, finish reason, and the model that answered
+//! it (after any fallback) — with `usage` set to zero and
+//! [`usage_recorded`](crate::types::ModelResponse::usage_recorded) set, so
+//! the run records nothing and `ModelCallCompleted` reports zero: `usage`
+//! always says what *this* call cost. The store keeps the usage the model
+//! reported when the entry was made. A hit emits
+//! [`AgentEvent::CacheHit`]. In a streamed
+//! call (`call.stream` is set) a hit reaches the sink in one piece: one
+//! [`ModelDelta::Text`] with the whole text, then one
+//! [`ModelDelta::ToolCall`] per tool call, complete.
+//!
+//! # What is cached
+//!
+//! Every successful response of a cacheable request, for the layer's time to
+//! live (default one hour). Errors are never cached.
+//!
+//! A request with `settings.temperature > 0` asks for sampling, and is passed
+//! through uncached unless the layer is told
+//! [`cache_nondeterministic(true)`](CacheLayer::cache_nondeterministic). A
+//! request with no temperature (the provider's default) is cached: set one
+//! above zero on the agent to keep its calls out of the cache.
+//!
+//! A response that calls tools is cached like any other. A hit replays the
+//! same calls, with the same call ids; the tools themselves run again (only
+//! model calls are cached), and their results enter the next request's key,
+//! so a tool that answers differently leads the next turn to a miss.
+//!
+//! Identical requests that miss at the same time each call the model (no
+//! request coalescing); the last response stored wins. A miss stores the
+//! response before returning it.
+//!
+//! # Errors
+//!
+//! The layer adds no failure of its own: the inner service's error passes
+//! through. It is fail-open: a store that fails to `get` is a miss, and one
+//! that fails to `put` is logged with `tracing` (`warn`).
+//!
+//! # Order
+//!
+//! Inside retry, timeout and fallback, outside rate limit and PII masking:
+//! a hit spends no rate-limit capacity, and the key is computed on the
+//! unmasked request (the response stored is the one the user would see).
+
+mod key;
+mod store;
+
+pub use key::CacheKey;
+pub use store::{CacheStore, MemoryStore};
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower::{Layer, Service};
+
+use crate::event::AgentEvent;
+use crate::request::ModelCall;
+use crate::types::{ModelDelta, ModelRequest, ModelResponse, Usage};
+use key::Keyer;
+
+/// Applies [`Cache`] to a model service. See the [module docs](self).
+///
+/// # Clone
+///
+/// Clones share the store: every service built by this layer or its clones
+/// reads and fills the same cache.
+#[derive(Clone)]
+pub struct CacheLayer {
+    store: Arc<dyn CacheStore>,
+    ttl: Duration,
+    nondeterministic: bool,
+}
+
+impl CacheLayer {
+    /// A cache of at most 10,000 responses in a [`MemoryStore`], each kept an
+    /// hour; requests with a temperature above zero are not cached.
+    pub fn new() -> Self {
+        Self::with_store(MemoryStore::default())
+    }
+
+    /// A cache in `store`, with the defaults of [`new`](Self::new).
+    pub fn with_store(store: impl CacheStore) -> Self {
+        Self {
+            store: Arc::new(store),
+            ttl: Duration::from_secs(3600),
+            nondeterministic: false,
+        }
+    }
+
+    /// How long a response is kept (default one hour).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Whether requests with a temperature above zero are cached too
+    /// (default `false`).
+    pub fn cache_nondeterministic(mut self, cache: bool) -> Self {
+        self.nondeterministic = cache;
+        self
+    }
+}
+
+impl Default for CacheLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for CacheLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheLayer")
+            .field("ttl", &self.ttl)
+            .field("cache_nondeterministic", &self.nondeterministic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Layer<S> for CacheLayer {
+    type Service = Cache<S>;
+
+    fn layer(&self, inner: S) -> Cache<S> {
+        Cache {
+            inner,
+            shared: Arc::new(Shared {
+                store: self.store.clone(),
+                ttl: self.ttl,
+                nondeterministic: self.nondeterministic,
+                keyer: Keyer::default(),
+            }),
+        }
+    }
+}
+
+struct Shared {
+    store: Arc<dyn CacheStore>,
+    ttl: Duration,
+    nondeterministic: bool,
+    keyer: Keyer,
+}
+
+impl Shared {
+    fn cacheable(&self, request: &ModelRequest) -> bool {
+        self.nondeterministic || !request.settings.temperature.is_some_and(|t| t > 0.0)
+    }
+}
+
+/// Answers identical model calls from a cache. See the [module docs](self).
+///
+/// # Clone
+///
+/// Clones share the cache; a clone starts without the inner service's
+/// readiness (it is cloned, and made ready before it is called).
+pub struct Cache<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> Cache<S> {
+    /// Wraps `inner` in a cache with [`CacheLayer::new`]'s defaults.
+    pub fn new(inner: S) -> Self {
+        CacheLayer::new().layer(inner)
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone> Clone for Cache<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Cache<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cache")
+            .field("inner", &self.inner)
+            .field("ttl", &self.shared.ttl)
+            .field("cache_nondeterministic", &self.shared.nondeterministic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Service<ModelCall> for Cache<S>
+where
+    S: Service<ModelCall, Response = ModelResponse> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = ModelResponse;
+    type Error = S::Error;
+    type Future = future::ResponseFuture<S::Future, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ModelCall) -> Self::Future {
+        if !self.shared.cacheable(&call.request) {
+            return future::ResponseFuture::direct(self.inner.call(call));
+        }
+        let key = self.shared.keyer.key(&call.request);
+        // The ready service goes into the future; a clone stays here.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        future::ResponseFuture::lookup(Box::pin(lookup(shared, key, inner, call)))
+    }
+}
+
+async fn lookup<S>(
+    shared: Arc<Shared>,
+    key: CacheKey,
+    mut inner: S,
+    call: ModelCall,
+) -> Result<ModelResponse, S::Error>
+where
+    S: Service<ModelCall, Response = ModelResponse>,
+{
+    match shared.store.get(key).await {
+        Ok(Some(response)) => return Ok(hit(response, &call)),
+        Ok(None) => {}
+        Err(err) => tracing::warn!(%key, error = %err, "cache store get failed; treated as a miss"),
+    }
+    let response = inner.call(call).await?;
+    if let Err(err) = shared.store.put(key, response.clone(), shared.ttl).await {
+        tracing::warn!(%key, error = %err, "cache store put failed; response not cached");
+    }
+    Ok(response)
+}
+
+/// Turns a stored response into the answer of `call`.
+fn hit(mut response: ModelResponse, call: &ModelCall) -> ModelResponse {
+    response.usage = Usage::default();
+    response.usage_recorded = true;
+    if let Some(sink) = &call.stream {
+        let text = response.message.text();
+        if !text.is_empty() {
+            sink.send(&ModelDelta::text(text));
+        }
+        for (index, tool_call) in response.message.tool_calls.iter().enumerate() {
+            sink.send(&ModelDelta::ToolCall {
+                index,
+                id: Some(tool_call.id.clone()),
+                name: Some(tool_call.name.clone()),
+                arguments: tool_call.arguments.clone(),
+            });
+        }
+    }
+    let ctx = &call.context;
+    ctx.emit(|| AgentEvent::CacheHit {
+        run_id: ctx.run_id().clone(),
+        model: call.request.model.clone(),
+    });
+    response
+}
+
+pub mod future {
+    //! The [`Cache`](super::Cache) service's future.
+
+    use std::fmt;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use futures::future::BoxFuture;
+    use pin_project_lite::pin_project;
+
+    use crate::types::ModelResponse;
+
+    pin_project! {
+        /// The future of [`Cache`](super::Cache): the inner call of a request
+        /// that is not cached, or a lookup followed by the inner call on a
+        /// miss.
+        pub struct ResponseFuture<F, E> {
+            #[pin]
+            kind: Kind<F, E>,
+        }
+    }
+
+    pin_project! {
+        #[project = KindProj]
+        enum Kind<F, E> {
+            Direct { #[pin] fut: F },
+            Lookup { fut: BoxFuture<'static, Result<ModelResponse, E>> },
+        }
+    }
+
+    impl<F, E> ResponseFuture<F, E> {
+        pub(super) fn direct(fut: F) -> Self {
+            Self {
+                kind: Kind::Direct { fut },
+            }
+        }
+
+        pub(super) fn lookup(fut: BoxFuture<'static, Result<ModelResponse, E>>) -> Self {
+            Self {
+                kind: Kind::Lookup { fut },
+            }
+        }
+    }
+
+    impl<F, E> Future for ResponseFuture<F, E>
+    where
+        F: Future<Output = Result<ModelResponse, E>>,
+    {
+        type Output = Result<ModelResponse, E>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            match self.project().kind.project() {
+                KindProj::Direct { fut } => fut.poll(cx),
+                KindProj::Lookup { fut } => fut.as_mut().poll(cx),
+            }
+        }
+    }
+
+    impl<F, E> fmt::Debug for ResponseFuture<F, E> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let kind = match &self.kind {
+                Kind::Direct { .. } => "Direct",
+                Kind::Lookup { .. } => "Lookup",
+            };
+            f.debug_struct("ResponseFuture")
+                .field("kind", &kind)
+                .finish()
+        }
+    }
+}
