@@ -7,6 +7,7 @@
 //! | --- | --- |
 //! | an [`AgentError`] | itself |
 //! | a [`ProviderError`] | [`AgentError::Provider`], its [`ErrorKind`] kept |
+//! | a [`RateLimited`] (a local rate limit refused) | [`ErrorKind::RateLimited`], its `retry_after` kept |
 //! | `tower::timeout::error::Elapsed` | [`ErrorKind::Timeout`] |
 //! | `tower::load_shed::error::Overloaded` | [`ErrorKind::Unavailable`] |
 //! | anything else | [`AgentError::Other`], the source kept |
@@ -232,6 +233,48 @@ impl StdError for ProviderError {
     }
 }
 
+/// A local rate limit refused a call: it would have waited longer than
+/// allowed for capacity. The leaf error of
+/// [`layers::rate_limit`](crate::layers::rate_limit); classifies as
+/// [`ErrorKind::RateLimited`] and carries when to try again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimited {
+    key: String,
+    retry_after: Duration,
+}
+
+impl RateLimited {
+    /// The limit of `key` refused a call that could start `retry_after` from now.
+    pub fn new(key: impl Into<String>, retry_after: Duration) -> Self {
+        Self {
+            key: key.into(),
+            retry_after,
+        }
+    }
+
+    /// The rate-limit key (by default the model's name).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// How long from the refusal until the call would have had capacity.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+}
+
+impl fmt::Display for RateLimited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rate limit `{}`: capacity in {:?}, longer than the call may wait",
+            self.key, self.retry_after
+        )
+    }
+}
+
+impl StdError for RateLimited {}
+
 /// The error of a run, and of anything the run classifies.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -445,6 +488,9 @@ pub fn kind_of(err: &(dyn StdError + 'static)) -> ErrorKind {
         if err.is::<tower::load_shed::error::Overloaded>() {
             return ErrorKind::Unavailable;
         }
+        if err.is::<RateLimited>() {
+            return ErrorKind::RateLimited;
+        }
         current = err.source();
     }
     ErrorKind::Other
@@ -459,6 +505,9 @@ pub fn retry_after(err: &(dyn StdError + 'static)) -> Option<Duration> {
         }
         if let Some(provider) = err.downcast_ref::<ProviderError>() {
             return provider.retry_after_hint();
+        }
+        if let Some(limited) = err.downcast_ref::<RateLimited>() {
+            return Some(limited.retry_after());
         }
         current = err.source();
     }
@@ -494,6 +543,21 @@ mod tests {
         let err = AgentError::classify(other);
         assert_eq!(err.code(), "INTERNAL");
         assert_eq!(err.to_string(), "boom");
+    }
+
+    #[test]
+    fn a_local_rate_limit_classifies_with_its_retry_after() {
+        let limited: BoxError = Box::new(Wrapper(Box::new(RateLimited::new(
+            "gpt-4o",
+            Duration::from_secs(7),
+        ))));
+        assert_eq!(kind_of(limited.as_ref()), ErrorKind::RateLimited);
+        assert_eq!(retry_after(limited.as_ref()), Some(Duration::from_secs(7)));
+        let err = AgentError::classify(limited);
+        assert_eq!(err.code(), "RATE_LIMITED");
+        assert!(
+            matches!(&err, AgentError::Provider(p) if p.retry_after_hint() == Some(Duration::from_secs(7)))
+        );
     }
 
     #[derive(Debug, thiserror::Error)]

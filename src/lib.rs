@@ -11,7 +11,9 @@ pub mod service;
 pub mod types;
 
 pub use context::RunContext;
-pub use error::{tripwire, tripwire_with, AgentError, BoxError, ErrorKind, ProviderError};
+pub use error::{
+    tripwire, tripwire_with, AgentError, BoxError, ErrorKind, ProviderError, RateLimited,
+};
 pub use request::{DeltaSink, ModelCall, RunInput, RunRequest, ToolInvocation, ToolOutput};
 pub use service::{
     tool_fn, tool_fn_ctx, tool_sync, Agent, AgentBuilder, AgentTool, BoxAgent, BoxModel, BoxTool,

@@ -1,0 +1,189 @@
+//! One bucket of a quota: a level that refills continuously up to its
+//! capacity, and goes below zero when a call settles for more than it took.
+//!
+//! Levels are kept as integers scaled by `per` in nanoseconds, so a bucket
+//! refills exactly `amount` per elapsed nanosecond: no rounding drift.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::limits::Rate;
+
+/// Waits longer than this are reported as this (a year), so `Instant`
+/// arithmetic cannot overflow.
+const MAX_WAIT: Duration = Duration::from_secs(365 * 86_400);
+
+/// What a bucket gave one call: enough to refund it safely later.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Grant {
+    pub(super) amount: u64,
+    at: Instant,
+    /// The bucket's level right after the grant.
+    level_after: i128,
+    /// The bucket's refund counter at the grant.
+    credited: i128,
+}
+
+#[derive(Debug)]
+pub(super) struct Bucket {
+    amount: i128,
+    /// `per` in nanoseconds: one unit, scaled.
+    unit: i128,
+    level: i128,
+    updated: Instant,
+    /// Every refund ever credited, scaled.
+    credited: i128,
+}
+
+impl Bucket {
+    pub(super) fn new(rate: Rate, now: Instant) -> Self {
+        let amount = i128::from(rate.amount());
+        let unit = i128::try_from(rate.per().as_nanos()).unwrap_or(i128::MAX);
+        Self {
+            amount,
+            unit,
+            level: amount.saturating_mul(unit),
+            updated: now,
+            credited: 0,
+        }
+    }
+
+    fn cap(&self) -> i128 {
+        self.amount.saturating_mul(self.unit)
+    }
+
+    pub(super) fn scaled(&self, n: u64) -> i128 {
+        i128::from(n).saturating_mul(self.unit)
+    }
+
+    /// A need larger than the whole bucket could never be met; it takes the
+    /// whole bucket instead (and settles the rest afterwards).
+    pub(super) fn clamp(&self, n: u64) -> u64 {
+        n.min(u64::try_from(self.amount).unwrap_or(u64::MAX))
+    }
+
+    fn refill_amount(&self, elapsed: Duration) -> i128 {
+        i128::try_from(elapsed.as_nanos())
+            .unwrap_or(i128::MAX)
+            .saturating_mul(self.amount)
+    }
+
+    pub(super) fn refill(&mut self, now: Instant) {
+        let added = self.refill_amount(now.saturating_duration_since(self.updated));
+        self.level = self.level.saturating_add(added).min(self.cap());
+        self.updated = self.updated.max(now);
+    }
+
+    /// How long until the bucket holds `need` (scaled) more than it owes.
+    pub(super) fn time_for(&self, need: i128) -> Duration {
+        let missing = need.saturating_sub(self.level);
+        if missing <= 0 {
+            return Duration::ZERO;
+        }
+        let nanos = missing / self.amount + i128::from(missing % self.amount != 0);
+        u64::try_from(nanos)
+            .map_or(MAX_WAIT, Duration::from_nanos)
+            .min(MAX_WAIT)
+    }
+
+    pub(super) fn take(&mut self, n: u64) -> Grant {
+        self.level = self.level.saturating_sub(self.scaled(n));
+        Grant {
+            amount: n,
+            at: self.updated,
+            level_after: self.level,
+            credited: self.credited,
+        }
+    }
+
+    /// Gives back `n` of what `grant` took, but only as much as the bucket
+    /// can still be missing because of it: had the grant been smaller, the
+    /// bucket would have been fuller since, and a full bucket overflows.
+    /// Its level since the grant is at most `level_after` plus the refill
+    /// and the refunds since; the bucket cannot have missed more than
+    /// `cap` minus that. So a refund never lets more through than a bucket
+    /// that had been charged the smaller amount all along.
+    pub(super) fn refund(&mut self, grant: &Grant, n: u64, now: Instant) {
+        let since = self.refill_amount(now.saturating_duration_since(grant.at));
+        let headroom = self
+            .cap()
+            .saturating_sub(grant.level_after)
+            .saturating_sub(since)
+            .saturating_sub(self.credited - grant.credited);
+        let back = self.scaled(n).min(headroom);
+        if back > 0 {
+            self.level = self.level.saturating_add(back).min(self.cap());
+            self.credited = self.credited.saturating_add(back);
+        }
+    }
+
+    pub(super) fn charge(&mut self, n: u64) {
+        self.level = self.level.saturating_sub(self.scaled(n));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket(amount: u64, per_secs: u64) -> Bucket {
+        Bucket::new(
+            Rate::new(amount, Duration::from_secs(per_secs)),
+            Instant::now(),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refund_never_outlives_the_refill_that_would_have_covered_it() {
+        // 1,000 tokens a minute; a call reserves 800 and uses 100.
+        let mut b = bucket(1_000, 60);
+        let grant = b.take(800);
+        // Settled at once: the 700 come back.
+        let mut quick = Bucket { ..b };
+        quick.refund(&grant, 700, Instant::now());
+        assert_eq!(quick.level, quick.scaled(900));
+
+        // Settled after the bucket would have refilled anyway: nothing
+        // comes back, or another 800 could start on top of a full bucket.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let now = Instant::now();
+        b.refill(now);
+        assert_eq!(b.level, b.cap());
+        let _other = b.take(800);
+        b.refund(&grant, 700, now);
+        assert_eq!(b.level, b.scaled(200));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_partly_refilled_bucket_gets_part_of_the_refund() {
+        let mut b = bucket(1_000, 60);
+        let grant = b.take(800);
+        // 30 s refill 500 of the 800 the grant took; 300 can still be owed.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let now = Instant::now();
+        b.refill(now);
+        b.refund(&grant, 700, now);
+        assert_eq!(b.level, b.scaled(1_000));
+        let mut c = bucket(1_000, 60);
+        let grant = c.take(800);
+        let _other = c.take(200);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let now = Instant::now();
+        c.refill(now);
+        c.refund(&grant, 700, now);
+        // At 500 after the refill; only 300 of the 700 may come back.
+        assert_eq!(c.level, c.scaled(800));
+    }
+
+    #[test]
+    fn waits_round_up_and_saturate() {
+        let b = Bucket {
+            level: 0,
+            ..bucket(3, 1)
+        };
+        assert_eq!(b.time_for(b.scaled(1)), Duration::from_nanos(333_333_334));
+        let huge = Bucket::new(Rate::new(1, Duration::MAX), Instant::now());
+        assert_eq!(Bucket { level: 0, ..huge }.time_for(i128::MAX), MAX_WAIT);
+    }
+}

@@ -1,0 +1,458 @@
+//! The shared quota: per key, a request [`Bucket`], a token bucket and one
+//! FIFO queue of the calls waiting for them.
+//!
+//! A call is admitted when it is at the head of its key's queue and both
+//! buckets hold what it needs; admission takes it from both at once. Only
+//! the head waits on a timer (until the buckets will hold enough); the
+//! others wait to become the head. Refunds and releases wake the head, which
+//! checks again.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+
+use super::bucket::{Bucket, Grant};
+use super::limits::Limits;
+use crate::request::ModelCall;
+use crate::types::ModelRequest;
+
+struct Queued {
+    id: u64,
+    requests: u64,
+    tokens: u64,
+    waker: Option<Waker>,
+}
+
+struct KeyState {
+    requests: Option<Bucket>,
+    tokens: Option<Bucket>,
+    /// Callers already holding a request slot (`requests == 0`) first, each
+    /// group in arrival order.
+    queue: VecDeque<Queued>,
+    holders: usize,
+    next_id: u64,
+}
+
+impl KeyState {
+    fn refill(&mut self, now: Instant) {
+        if let Some(b) = &mut self.requests {
+            b.refill(now);
+        }
+        if let Some(b) = &mut self.tokens {
+            b.refill(now);
+        }
+    }
+
+    /// How long until `requests` and `tokens` fit after everything queued
+    /// at or before `position` (an estimate: settlements may change it).
+    fn wait_at(&self, position: usize, requests: u64, tokens: u64) -> Duration {
+        let ahead = self.queue.iter().take(position);
+        let (r, t) = ahead.fold((requests, tokens), |(r, t), q| {
+            (r + q.requests, t + q.tokens)
+        });
+        let wait = |bucket: &Option<Bucket>, n: u64| match bucket {
+            Some(b) if n > 0 => b.time_for(b.scaled(n)),
+            _ => Duration::ZERO,
+        };
+        wait(&self.requests, r).max(wait(&self.tokens, t))
+    }
+
+    fn take(&mut self, requests: u64, tokens: u64) -> (Option<Grant>, Option<Grant>) {
+        let take = |bucket: &mut Option<Bucket>, n: u64| match bucket {
+            Some(b) if n > 0 => Some(b.take(n)),
+            _ => None,
+        };
+        (
+            take(&mut self.requests, requests),
+            take(&mut self.tokens, tokens),
+        )
+    }
+
+    fn wake_head(&mut self) {
+        if let Some(waker) = self.queue.front_mut().and_then(|q| q.waker.take()) {
+            waker.wake();
+        }
+    }
+}
+
+/// How a call's key and token estimate are found.
+pub(super) type KeyFn = dyn Fn(&ModelCall) -> String + Send + Sync;
+pub(super) type EstimateFn = dyn Fn(&ModelRequest) -> u64 + Send + Sync;
+
+/// The configuration and the state every clone of a layer and of its
+/// services shares.
+pub(super) struct Limiter {
+    pub(super) default: Limits,
+    pub(super) per_key: HashMap<String, Limits>,
+    pub(super) max_wait: Duration,
+    pub(super) fixed_key: Option<String>,
+    pub(super) key_fn: Option<Arc<KeyFn>>,
+    pub(super) estimate: Option<Arc<EstimateFn>>,
+    pub(super) default_output_tokens: u64,
+    keys: Mutex<HashMap<String, KeyState>>,
+}
+
+/// The outcome of arriving at a key's queue.
+pub(super) enum Arrival {
+    /// Admitted at once.
+    Admitted(Ticket),
+    /// Queued: poll the waiter until it is admitted.
+    Queued(Waiter),
+}
+
+impl Limiter {
+    pub(super) fn new(config: super::RateLimitBuilder) -> Self {
+        Self {
+            default: config.default,
+            per_key: config.per_key,
+            max_wait: config.max_wait,
+            fixed_key: config.fixed_key,
+            key_fn: config.key_fn,
+            estimate: config.estimate,
+            default_output_tokens: config.default_output_tokens,
+            keys: Mutex::default(),
+        }
+    }
+
+    fn keys(&self) -> MutexGuard<'_, HashMap<String, KeyState>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The key of `call`: the fixed key, the key function's, or the model.
+    pub(super) fn key_of(&self, call: &ModelCall) -> String {
+        if let Some(key) = &self.fixed_key {
+            return key.clone();
+        }
+        match &self.key_fn {
+            Some(f) => f(call),
+            None => call.request.model.clone(),
+        }
+    }
+
+    /// The tokens `request` is expected to take: its text at four bytes a
+    /// token plus `max_tokens` (or the default output estimate).
+    pub(super) fn estimate(&self, request: &ModelRequest) -> u64 {
+        match &self.estimate {
+            Some(f) => f(request),
+            None => request.messages.text_len().div_ceil(4).saturating_add(
+                request
+                    .settings
+                    .max_tokens
+                    .map_or(self.default_output_tokens, u64::from),
+            ),
+        }
+    }
+
+    /// Arrives at `key`'s queue needing `requests` (0 for a caller that
+    /// already holds its request slot) and `tokens`.
+    ///
+    /// # Errors
+    ///
+    /// When the call would wait longer than `max_wait`: how long it would
+    /// wait. Nothing is taken or queued then.
+    pub(super) fn arrive(
+        self: &Arc<Self>,
+        key: &str,
+        requests: u64,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<Arrival, Duration> {
+        let now = Instant::now();
+        let mut keys = self.keys();
+        if !keys.contains_key(key) {
+            let limits = self.per_key.get(key).copied().unwrap_or(self.default);
+            let state = KeyState {
+                requests: limits.request_rate().map(|r| Bucket::new(r, now)),
+                tokens: limits.token_rate().map(|r| Bucket::new(r, now)),
+                queue: VecDeque::new(),
+                holders: 0,
+                next_id: 0,
+            };
+            keys.insert(key.to_owned(), state);
+        }
+        let state = keys.get_mut(key).expect("inserted above");
+        state.refill(now);
+        let requests = state.requests.as_ref().map_or(0, |b| b.clamp(requests));
+        let tokens = state.tokens.as_ref().map_or(0, |b| b.clamp(tokens));
+        let holder = requests == 0;
+        let position = if holder {
+            state.holders
+        } else {
+            state.queue.len()
+        };
+        let wait = state.wait_at(position, requests, tokens);
+        if position == 0 && wait.is_zero() {
+            let (request_grant, token_grant) = state.take(requests, tokens);
+            return Ok(Arrival::Admitted(Ticket::new(
+                self.clone(),
+                key,
+                request_grant,
+                token_grant,
+            )));
+        }
+        if wait > max_wait {
+            return Err(wait);
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        let queued = Queued {
+            id,
+            requests,
+            tokens,
+            waker: None,
+        };
+        state.queue.insert(position, queued);
+        if holder {
+            state.holders += 1;
+        }
+        Ok(Arrival::Queued(Waiter {
+            limiter: self.clone(),
+            key: key.to_owned(),
+            id,
+            sleep: None,
+            admitted: false,
+        }))
+    }
+
+    /// Admits waiter `id` if it is the head and its needs fit; otherwise
+    /// keeps its waker, and says until when the head must wait.
+    fn poll_admit(&self, key: &str, id: u64, waker: &Waker) -> Admit {
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let Some(state) = keys.get_mut(key) else {
+            return Admit::Gone;
+        };
+        state.refill(now);
+        let Some(index) = state.queue.iter().position(|q| q.id == id) else {
+            return Admit::Gone;
+        };
+        let entry = &mut state.queue[index];
+        match &entry.waker {
+            Some(w) if w.will_wake(waker) => {}
+            _ => entry.waker = Some(waker.clone()),
+        }
+        if index > 0 {
+            return Admit::NotHead;
+        }
+        let (requests, tokens) = (entry.requests, entry.tokens);
+        let wait = state.wait_at(0, requests, tokens);
+        if !wait.is_zero() {
+            return Admit::WaitUntil(now + wait);
+        }
+        let (request_grant, token_grant) = state.take(requests, tokens);
+        state.queue.pop_front();
+        if requests == 0 {
+            state.holders -= 1;
+        }
+        state.wake_head();
+        Admit::Admitted(request_grant, token_grant)
+    }
+
+    fn leave(&self, key: &str, id: u64) {
+        let mut keys = self.keys();
+        let Some(state) = keys.get_mut(key) else {
+            return;
+        };
+        if let Some(index) = state.queue.iter().position(|q| q.id == id) {
+            if let Some(left) = state.queue.remove(index) {
+                if left.requests == 0 {
+                    state.holders -= 1;
+                }
+            }
+            if index == 0 {
+                state.wake_head();
+            }
+        }
+    }
+
+    fn release(&self, key: &str, requests: Option<&Grant>, tokens: Option<&Grant>) {
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let Some(state) = keys.get_mut(key) else {
+            return;
+        };
+        state.refill(now);
+        if let (Some(bucket), Some(grant)) = (&mut state.requests, requests) {
+            bucket.refund(grant, grant.amount, now);
+        }
+        if let (Some(bucket), Some(grant)) = (&mut state.tokens, tokens) {
+            bucket.refund(grant, grant.amount, now);
+        }
+        state.wake_head();
+    }
+
+    fn settle(&self, key: &str, grant: &Grant, actual: u64) {
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let Some(state) = keys.get_mut(key) else {
+            return;
+        };
+        state.refill(now);
+        if let Some(bucket) = &mut state.tokens {
+            if actual > grant.amount {
+                bucket.charge(actual - grant.amount);
+            } else {
+                bucket.refund(grant, grant.amount - actual, now);
+                state.wake_head();
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("default", &self.default)
+            .field("per_key", &self.per_key)
+            .field("max_wait", &self.max_wait)
+            .field("fixed_key", &self.fixed_key)
+            .field("default_output_tokens", &self.default_output_tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Admit {
+    Admitted(Option<Grant>, Option<Grant>),
+    NotHead,
+    WaitUntil(Instant),
+    /// The entry is not queued (cannot happen while its waiter lives).
+    Gone,
+}
+
+/// A place in a key's queue. Dropped before admission, it leaves the queue.
+pub(super) struct Waiter {
+    limiter: Arc<Limiter>,
+    key: String,
+    id: u64,
+    sleep: Option<Pin<Box<Sleep>>>,
+    admitted: bool,
+}
+
+impl Waiter {
+    /// Resolves once admitted.
+    pub(super) fn poll_admitted(&mut self, cx: &mut Context<'_>) -> Poll<Ticket> {
+        loop {
+            match self.limiter.poll_admit(&self.key, self.id, cx.waker()) {
+                Admit::Admitted(requests, tokens) => {
+                    self.admitted = true;
+                    let ticket = Ticket::new(self.limiter.clone(), &self.key, requests, tokens);
+                    return Poll::Ready(ticket);
+                }
+                Admit::Gone => {
+                    // Not queued: admit with nothing held rather than hang.
+                    self.admitted = true;
+                    return Poll::Ready(Ticket::new(self.limiter.clone(), &self.key, None, None));
+                }
+                Admit::NotHead => return Poll::Pending,
+                Admit::WaitUntil(deadline) => {
+                    let sleep = match &mut self.sleep {
+                        Some(sleep) => {
+                            sleep.as_mut().reset(deadline);
+                            sleep
+                        }
+                        None => self
+                            .sleep
+                            .insert(Box::pin(tokio::time::sleep_until(deadline))),
+                    };
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if !self.admitted {
+            self.limiter.leave(&self.key, self.id);
+        }
+    }
+}
+
+impl fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Waiter")
+            .field("key", &self.key)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one call holds of a key's quota. Dropped before the call was sent,
+/// it gives it back; once sent, its tokens are settled with the real usage,
+/// or kept as reserved if the call failed.
+pub(super) struct Ticket {
+    limiter: Arc<Limiter>,
+    key: String,
+    requests: Option<Grant>,
+    tokens: Option<Grant>,
+    sent: bool,
+}
+
+impl Ticket {
+    fn new(
+        limiter: Arc<Limiter>,
+        key: &str,
+        requests: Option<Grant>,
+        tokens: Option<Grant>,
+    ) -> Self {
+        Self {
+            limiter,
+            key: key.to_owned(),
+            requests,
+            tokens,
+            sent: false,
+        }
+    }
+
+    pub(super) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Takes over what `other` (of the same key) holds.
+    pub(super) fn merge(&mut self, mut other: Ticket) {
+        self.requests = self.requests.or(other.requests.take());
+        self.tokens = self.tokens.or(other.tokens.take());
+    }
+
+    /// The call went out: from now on, dropping keeps the reservation.
+    pub(super) fn sent(&mut self) {
+        self.sent = true;
+    }
+
+    /// Charges the difference between the real token count and the
+    /// reservation, or refunds it.
+    pub(super) fn settle(self, actual_tokens: u64) {
+        if let Some(grant) = &self.tokens {
+            self.limiter.settle(&self.key, grant, actual_tokens);
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.sent && (self.requests.is_some() || self.tokens.is_some()) {
+            self.limiter
+                .release(&self.key, self.requests.as_ref(), self.tokens.as_ref());
+        }
+    }
+}
+
+impl fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("key", &self.key)
+            .field("requests", &self.requests.map(|g| g.amount))
+            .field("tokens", &self.tokens.map(|g| g.amount))
+            .field("sent", &self.sent)
+            .finish()
+    }
+}
