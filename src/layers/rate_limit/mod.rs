@@ -112,7 +112,10 @@
 //! # Order
 //!
 //! Inside cache (a hit spends nothing) and retry (every attempt asks again),
-//! next to the provider.
+//! next to the provider. A queued call holds the inner service it was made
+//! ready with (`poll_ready` forwards to it first), so a
+//! `ConcurrencyLimitLayer` belongs outside this layer: inside, each waiting
+//! call would hold a permit.
 
 mod bucket;
 mod limiter;
