@@ -5,6 +5,7 @@ pub mod context;
 pub mod error;
 pub mod event;
 pub mod hooks;
+pub mod layers;
 pub mod request;
 pub mod service;
 pub mod types;
