@@ -102,12 +102,14 @@ impl Backoff {
     /// The ceiling of the wait before retry `attempt` (from 1):
     /// `min(max, base × factor^(attempt-1))`.
     pub fn ceiling(&self, attempt: u32) -> Duration {
-        let exponent = i32::try_from(attempt.saturating_sub(1)).unwrap_or(i32::MAX);
-        let secs = self.base.as_secs_f64() * self.factor.powi(exponent);
-        if !secs.is_finite() || secs >= self.max.as_secs_f64() {
-            return self.max;
+        if attempt <= 1 || self.factor == 1.0 {
+            return self.base.min(self.max);
         }
-        Duration::try_from_secs_f64(secs).map_or(self.max, |d| d.min(self.max))
+        let exponent = i32::try_from(attempt - 1).unwrap_or(i32::MAX);
+        // In nanoseconds: `base × factor^k ≥ base` holds exactly for k ≥ 0.
+        let nanos = nanos(self.base) as f64 * self.factor.powi(exponent);
+        // `as` saturates (and reads NaN as 0, which cannot happen here).
+        Duration::from_nanos(nanos as u64).min(self.max)
     }
 
     /// The wait before retry `attempt` (from 1), given `unit`, a number in
@@ -123,8 +125,7 @@ impl Backoff {
                 } else {
                     unit.clamp(0.0, 1.0)
                 };
-                Duration::try_from_secs_f64(ceiling.as_secs_f64() * unit)
-                    .map_or(ceiling, |d| d.min(ceiling))
+                Duration::from_nanos((nanos(ceiling) as f64 * unit) as u64).min(ceiling)
             }
         }
     }
@@ -141,6 +142,10 @@ impl Backoff {
         };
         self.delay_at(attempt, unit)
     }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Default for Backoff {
