@@ -127,34 +127,29 @@ async fn mock_retries_a_provider_error_then_answers() {
 
 #[tokio::test(start_paused = true)]
 async fn mock_never_retries_what_another_call_cannot_fix() {
-    let fatal: Vec<(fn() -> BoxError, &str)> = vec![
+    let provider = |kind, text: &str| -> BoxError { ProviderError::new(kind, text).into() };
+    let fatal: Vec<(BoxError, &str)> = vec![
         (
-            || ProviderError::new(ErrorKind::InvalidRequest, "bad").into(),
+            provider(ErrorKind::InvalidRequest, "bad"),
             "INVALID_REQUEST",
         ),
+        (provider(ErrorKind::Auth, "no key"), "AUTH"),
+        (provider(ErrorKind::ContextLength, "long"), "CONTEXT_LENGTH"),
         (
-            || ProviderError::new(ErrorKind::Auth, "no key").into(),
-            "AUTH",
-        ),
-        (
-            || ProviderError::new(ErrorKind::ContextLength, "too long").into(),
-            "CONTEXT_LENGTH",
-        ),
-        (
-            || ProviderError::new(ErrorKind::QuotaExhausted, "no credit").into(),
+            provider(ErrorKind::QuotaExhausted, "spent"),
             "QUOTA_EXHAUSTED",
         ),
-        (|| tripwire("no").into(), "GUARDRAIL_TRIPPED"),
-        (|| AgentError::Cancelled.into(), "CANCELLED"),
-        (|| "a bug".into(), "INTERNAL"),
+        (tripwire("no").into(), "GUARDRAIL_TRIPPED"),
+        (AgentError::Cancelled.into(), "CANCELLED"),
+        ("a bug".into(), "INTERNAL"),
     ];
-    for (make, code) in fatal {
+    for (error, code) in fatal {
         let (mut svc, mut handle) =
             mock::spawn_layer::<ModelCall, ModelResponse, _>(RetryLayer::new(exact()));
         let (ctx, sink) = traced();
         assert!(svc.poll_ready().is_ready());
         let response = tokio::spawn(svc.call(model_call(&ctx)));
-        answer_error(&mut handle, make()).await;
+        answer_error(&mut handle, error).await;
         let err = settle(response).await.unwrap().unwrap_err();
         assert_eq!(AgentError::classify(err).code(), code);
         assert!(retries(&sink).is_empty(), "{code} was retried");

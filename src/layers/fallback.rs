@@ -415,7 +415,7 @@ pub mod error {
     ///
     /// Its `source()` is the last model's error, so it classifies as that
     /// error does: [`kind`](Self::kind), `AgentError::classify` and
-    /// [`kind_of`](crate::error::kind_of) all see e.g. `RATE_LIMITED`.
+    /// `kind_of` all see e.g. `RATE_LIMITED`.
     #[derive(Debug)]
     pub struct FallbackExhausted {
         attempts: Vec<FallbackAttempt>,

@@ -18,7 +18,7 @@
 //! - **Replay safety** ([`RetryRequest`]): a streamed model call is retried
 //!   only if no delta reached the run's sink yet; a tool call only if its
 //!   tool is marked idempotent.
-//! - **Observable**: every retry emits [`AgentEvent::RetryAttempt`] with the
+//! - **Observable**: every retry emits [`AgentEvent::RetryAttempt`](crate::event::AgentEvent::RetryAttempt) with the
 //!   failed attempt's number, error code and text, and the wait.
 //!
 //! Every attempt that reaches the model is billed and recorded by the model

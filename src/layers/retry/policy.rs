@@ -17,7 +17,7 @@ use crate::event::AgentEvent;
 /// Never: invalid request, auth, context length, tripwire, quota exhausted,
 /// cancelled — calling again cannot help there. The `source()` chain is
 /// searched, so wrapped errors (tower's `Buffer`, a
-/// [`FallbackExhausted`](crate::layers::fallback::FallbackExhausted)) count as
+/// [`FallbackExhausted`](crate::layers::fallback::error::FallbackExhausted)) count as
 /// what they wrap.
 ///
 /// ```
