@@ -125,6 +125,26 @@ impl ToolInvocation {
     }
 }
 
+/// A request that carries its run's [`RunContext`]: what layers that only
+/// need the run (its deadline, cancellation, events, ledger) are generic over,
+/// so one layer serves the model stack and the tool stack alike.
+pub trait HasContext {
+    /// The run's context.
+    fn context(&self) -> &RunContext;
+}
+
+impl HasContext for ModelCall {
+    fn context(&self) -> &RunContext {
+        &self.context
+    }
+}
+
+impl HasContext for ToolInvocation {
+    fn context(&self) -> &RunContext {
+        &self.context
+    }
+}
+
 /// What a tool answers: the text the model reads, and whether it is an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolOutput {

@@ -1,9 +1,51 @@
-//! The wrap layers of the model stack: each a `tower::Layer`, composed with
-//! `ServiceBuilder` around a model service.
+//! The wrap layers: each a `tower::Layer` over a model service or a tool
+//! stack, composed with `ServiceBuilder`.
 //!
-//! In the design's order, outermost first: retry ▸ timeout ▸ fallback ▸
-//! [`cache`] ▸ [`rate_limit`] ▸ pii ▸ the model. A cache hit then never spends
-//! rate-limit capacity, and a retried call asks the limiter again.
+//! | layer | module | stacks | what it does |
+//! | --- | --- | --- | --- |
+//! | [`RetryLayer`](retry::RetryLayer) | [`retry`] | model, tool | retries provider trouble with backoff, `Retry-After` and a shared budget; replay-safe |
+//! | [`TimeoutLayer`](timeout::TimeoutLayer) | [`timeout`] | model, tool | a per-call timeout, bounded by the run's deadline; ends on cancellation |
+//! | [`FallbackLayer`](fallback::FallbackLayer) | [`fallback`] | model | moves to the next model or provider on provider errors |
+//! | [`CacheLayer`](cache::CacheLayer) | [`cache`] | model | answers identical calls from a store, at no usage |
+//! | [`ModelRateLimitLayer`](rate_limit::ModelRateLimitLayer) | [`rate_limit`] | model | requests and tokens per interval per model key, one quota shared by every clone |
+//!
+//! The order the design card proposes, outermost first (a cache hit then never
+//! spends rate-limit capacity, and a retried call asks the limiter again):
+//!
+//! ```text
+//! ModelCall ─► retry ▸ timeout ▸ fallback ▸ cache ▸ rate-limit ▸ pii ─► model service
+//! ToolInvocation ─► timeout ▸ retry ▸ … ─► ToolRouter
+//! ```
+//!
+//! tower's own layers (`TimeoutLayer`, `ConcurrencyLimitLayer`,
+//! `LoadShedLayer`, `BufferLayer`, …) compose into the same stacks unchanged;
+//! the run classifies their errors (see [`crate::error`]).
+//!
+//! Layers that only need the run (its deadline, cancellation, events, ledger)
+//! are generic over [`HasContext`](crate::request::HasContext); those that may
+//! send a request twice over [`RetryRequest`](retry::RetryRequest).
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_agent::layers::{fallback::FallbackLayer, retry::{RetryBudget, RetryLayer, RetryPolicy}, timeout::TimeoutLayer};
+//! use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), tower_agent::AgentError> {
+//! let budget = RetryBudget::default();
+//! let model = ServiceBuilder::new()
+//!     .layer(RetryLayer::new(RetryPolicy::new().budget(budget.clone())))
+//!     .layer(TimeoutLayer::new(Duration::from_secs(30)))
+//!     .layer(FallbackLayer::models(["small"]).budget(budget))
+//!     .service(ScriptedModel::new([ScriptedTurn::text("Hello!")]));
+//! let agent = Agent::builder("assistant").model(model).build()?;
+//! assert_eq!(agent.run("Hi").await?.output, "Hello!");
+//! # Ok(()) }
+//! ```
 
 pub mod cache;
+pub mod fallback;
 pub mod rate_limit;
+pub mod retry;
+pub mod timeout;

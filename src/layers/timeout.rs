@@ -1,0 +1,249 @@
+//! Bound each call by a timeout, the run's deadline and its cancellation.
+//!
+//! [`Timeout`] gives every call the shorter of the layer's timeout and the
+//! time left to the run's deadline ([`RunContext::deadline`]), like tonic's
+//! `grpc-timeout` takes the shorter of its own and the caller's. Cancelling
+//! the run ([`RunContext::cancel`]) ends the call in flight at once, dropping
+//! the inner future.
+//!
+//! | what happened | the error (boxed) | classified as |
+//! | --- | --- | --- |
+//! | the timeout or the deadline passed | `tower::timeout::error::Elapsed` | `TIMEOUT` |
+//! | the run was cancelled | [`AgentError::Cancelled`] | `CANCELLED` |
+//!
+//! It is generic over any request carrying a [`RunContext`]
+//! ([`HasContext`]), so one layer serves the model stack and the tool stack.
+//! Inside a [`RetryLayer`](crate::layers::retry::RetryLayer) the timeout is per
+//! attempt, and a timed-out attempt is retried.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_agent::layers::timeout::TimeoutLayer;
+//! use tower_agent::{Agent, AgentError, ScriptedModel, ScriptedTurn};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), AgentError> {
+//! let model = ServiceBuilder::new()
+//!     .layer(TimeoutLayer::new(Duration::from_secs(20)))
+//!     .service(ScriptedModel::new([ScriptedTurn::text("late").delay(Duration::from_secs(60))]));
+//!
+//! let agent = Agent::builder("slow").model(model).build()?;
+//! let err = agent.run("Hi").await.unwrap_err();
+//! assert_eq!(err.code(), "TIMEOUT");
+//! # Ok(()) }
+//! ```
+//!
+//! [`RunContext`]: crate::RunContext
+//! [`RunContext::deadline`]: crate::RunContext::deadline
+//! [`RunContext::cancel`]: crate::RunContext::cancel
+//! [`AgentError::Cancelled`]: crate::AgentError::Cancelled
+
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+use crate::error::BoxError;
+use crate::request::HasContext;
+
+/// Wraps a service in [`Timeout`]. See the [module docs](self).
+#[derive(Debug, Clone, Copy)]
+pub struct TimeoutLayer {
+    timeout: Option<Duration>,
+}
+
+impl TimeoutLayer {
+    /// Each call gets at most `timeout`, and no more than the run has left.
+    pub fn new(timeout: Duration) -> Self {
+        Self {
+            timeout: Some(timeout),
+        }
+    }
+
+    /// Each call gets what the run has left to its deadline (no limit
+    /// without one), and ends when the run is cancelled.
+    pub fn deadline() -> Self {
+        Self { timeout: None }
+    }
+}
+
+impl<S> Layer<S> for TimeoutLayer {
+    type Service = Timeout<S>;
+
+    fn layer(&self, inner: S) -> Timeout<S> {
+        Timeout {
+            inner,
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// Ends a call at its timeout, the run's deadline or the run's cancellation,
+/// whichever comes first. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct Timeout<S> {
+    inner: S,
+    timeout: Option<Duration>,
+}
+
+impl<S> Timeout<S> {
+    /// Wraps `inner`, giving each call at most `timeout`.
+    pub fn new(inner: S, timeout: Duration) -> Self {
+        TimeoutLayer::new(timeout).layer(inner)
+    }
+
+    /// Wraps `inner`, bounding each call by the run's deadline only.
+    pub fn deadline(inner: S) -> Self {
+        TimeoutLayer::deadline().layer(inner)
+    }
+
+    /// The per-call timeout, if any.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, Req> Service<Req> for Timeout<S>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    Req: HasContext,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = future::ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let ctx = req.context();
+        if ctx.is_cancelled() {
+            return future::ResponseFuture::cancelled();
+        }
+        let own = self.timeout.map(|t| Instant::now() + t);
+        let until = match (own, ctx.deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let cancelled = ctx.cancellation_token().clone().cancelled_owned();
+        future::ResponseFuture::new(self.inner.call(req), until, cancelled)
+    }
+}
+
+/// The future of [`Timeout`].
+pub mod future {
+    use std::fmt;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{ready, Context, Poll};
+
+    use pin_project_lite::pin_project;
+    use tokio::time::{Instant, Sleep};
+    use tokio_util::sync::WaitForCancellationFutureOwned;
+
+    use crate::error::{AgentError, BoxError};
+
+    pin_project! {
+        /// The response future of [`Timeout`](super::Timeout).
+        pub struct ResponseFuture<F> {
+            #[pin]
+            kind: Kind<F>,
+        }
+    }
+
+    pin_project! {
+        #[project = KindProj]
+        enum Kind<F> {
+            Running {
+                #[pin]
+                inner: F,
+                #[pin]
+                sleep: Option<Sleep>,
+                #[pin]
+                cancelled: WaitForCancellationFutureOwned,
+            },
+            Cancelled,
+        }
+    }
+
+    impl<F> ResponseFuture<F> {
+        pub(super) fn new(
+            inner: F,
+            until: Option<Instant>,
+            cancelled: WaitForCancellationFutureOwned,
+        ) -> Self {
+            Self {
+                kind: Kind::Running {
+                    inner,
+                    sleep: until.map(tokio::time::sleep_until),
+                    cancelled,
+                },
+            }
+        }
+
+        pub(super) fn cancelled() -> Self {
+            Self {
+                kind: Kind::Cancelled,
+            }
+        }
+    }
+
+    impl<F> fmt::Debug for ResponseFuture<F> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("ResponseFuture").finish_non_exhaustive()
+        }
+    }
+
+    impl<F, T, E> Future for ResponseFuture<F>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: Into<BoxError>,
+    {
+        type Output = Result<T, BoxError>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let (inner, sleep, cancelled) = match self.project().kind.project() {
+                KindProj::Cancelled => return Poll::Ready(Err(AgentError::Cancelled.into())),
+                KindProj::Running {
+                    inner,
+                    sleep,
+                    cancelled,
+                } => (inner, sleep, cancelled),
+            };
+            if cancelled.poll(cx).is_ready() {
+                return Poll::Ready(Err(AgentError::Cancelled.into()));
+            }
+            if let Poll::Ready(result) = inner.poll(cx) {
+                return Poll::Ready(result.map_err(Into::into));
+            }
+            match sleep.as_pin_mut() {
+                Some(sleep) => {
+                    ready!(sleep.poll(cx));
+                    Poll::Ready(Err(tower::timeout::error::Elapsed::new().into()))
+                }
+                None => Poll::Pending,
+            }
+        }
+    }
+}
