@@ -17,6 +17,10 @@
 //! ToolInvocation ─► timeout ▸ retry ▸ … ─► ToolRouter
 //! ```
 //!
+//! [`ServiceBuilderExt`] adds a shortcut for each (`.llm_retry(..)`,
+//! `.call_timeout(..)`, `.fallback_models(..)`, `.response_cache(..)`,
+//! `.model_rate_limit(..)`, …).
+//!
 //! tower's own layers (`TimeoutLayer`, `ConcurrencyLimitLayer`,
 //! `LoadShedLayer`, `BufferLayer`, …) compose into the same stacks unchanged;
 //! the run classifies their errors (see [`crate::error`]).
@@ -44,8 +48,11 @@
 //! # Ok(()) }
 //! ```
 
+mod builder_ext;
 pub mod cache;
 pub mod fallback;
 pub mod rate_limit;
 pub mod retry;
 pub mod timeout;
+
+pub use builder_ext::ServiceBuilderExt;

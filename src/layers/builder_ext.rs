@@ -1,0 +1,111 @@
+//! [`ServiceBuilderExt`]: shortcuts for this crate's layers on tower's
+//! `ServiceBuilder`.
+//!
+//! The names do not shadow `ServiceBuilder`'s own methods (`retry`,
+//! `timeout`, `rate_limit`, …), which stay available for tower's layers.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_agent::layers::ServiceBuilderExt;
+//! use tower_agent::layers::cache::CacheLayer;
+//! use tower_agent::layers::retry::RetryPolicy;
+//! use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), tower_agent::AgentError> {
+//! let model = ServiceBuilder::new()
+//!     .llm_retry(RetryPolicy::new())
+//!     .call_timeout(Duration::from_secs(30))
+//!     .fallback_models(["backup-model"])
+//!     .response_cache(CacheLayer::new())
+//!     .service(ScriptedModel::new([ScriptedTurn::text("Hello!")]));
+//! let agent = Agent::builder("assistant").model(model).build()?;
+//! assert_eq!(agent.run("Hi").await?.output, "Hello!");
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use tower::layer::util::Stack;
+use tower::ServiceBuilder;
+
+use super::cache::CacheLayer;
+use super::fallback::FallbackLayer;
+use super::rate_limit::ModelRateLimitLayer;
+use super::retry::{RetryLayer, RetryPolicy};
+use super::timeout::TimeoutLayer;
+
+mod sealed {
+    pub trait Sealed {}
+    impl<L> Sealed for tower::ServiceBuilder<L> {}
+}
+
+/// Adds this crate's layers to a `ServiceBuilder`. See the [module docs](self).
+pub trait ServiceBuilderExt<L>: sealed::Sealed + Sized {
+    /// Retries transient provider errors: [`RetryLayer`].
+    fn llm_retry(self, policy: RetryPolicy) -> ServiceBuilder<Stack<RetryLayer, L>>;
+
+    /// A per-call timeout bounded by the run's deadline, ending at once on
+    /// cancellation: [`TimeoutLayer::new`].
+    fn call_timeout(self, timeout: Duration) -> ServiceBuilder<Stack<TimeoutLayer, L>>;
+
+    /// The run's deadline and cancellation only: [`TimeoutLayer::deadline`].
+    fn run_deadline(self) -> ServiceBuilder<Stack<TimeoutLayer, L>>;
+
+    /// Falls back to other models or services: [`FallbackLayer`].
+    fn fallback<S>(self, layer: FallbackLayer<S>) -> ServiceBuilder<Stack<FallbackLayer<S>, L>>;
+
+    /// Falls back to other models of the same provider, in order.
+    fn fallback_models<S, I>(self, models: I) -> ServiceBuilder<Stack<FallbackLayer<S>, L>>
+    where
+        I: IntoIterator,
+        I::Item: Into<String>;
+
+    /// Answers identical calls from a store: [`CacheLayer`].
+    fn response_cache(self, layer: CacheLayer) -> ServiceBuilder<Stack<CacheLayer, L>>;
+
+    /// Requests and tokens per interval, one quota shared by every clone:
+    /// [`ModelRateLimitLayer`].
+    fn model_rate_limit(
+        self,
+        layer: ModelRateLimitLayer,
+    ) -> ServiceBuilder<Stack<ModelRateLimitLayer, L>>;
+}
+
+impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
+    fn llm_retry(self, policy: RetryPolicy) -> ServiceBuilder<Stack<RetryLayer, L>> {
+        self.layer(RetryLayer::new(policy))
+    }
+
+    fn call_timeout(self, timeout: Duration) -> ServiceBuilder<Stack<TimeoutLayer, L>> {
+        self.layer(TimeoutLayer::new(timeout))
+    }
+
+    fn run_deadline(self) -> ServiceBuilder<Stack<TimeoutLayer, L>> {
+        self.layer(TimeoutLayer::deadline())
+    }
+
+    fn fallback<S>(self, layer: FallbackLayer<S>) -> ServiceBuilder<Stack<FallbackLayer<S>, L>> {
+        self.layer(layer)
+    }
+
+    fn fallback_models<S, I>(self, models: I) -> ServiceBuilder<Stack<FallbackLayer<S>, L>>
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.layer(FallbackLayer::models(models))
+    }
+
+    fn response_cache(self, layer: CacheLayer) -> ServiceBuilder<Stack<CacheLayer, L>> {
+        self.layer(layer)
+    }
+
+    fn model_rate_limit(
+        self,
+        layer: ModelRateLimitLayer,
+    ) -> ServiceBuilder<Stack<ModelRateLimitLayer, L>> {
+        self.layer(layer)
+    }
+}
