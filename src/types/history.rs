@@ -70,9 +70,14 @@ impl Inner {
     }
 
     fn digest(&self) -> [u8; 16] {
+        self.prefix_digest(self.messages.len())
+    }
+
+    fn prefix_digest(&self, len: usize) -> [u8; 16] {
+        let len = len.min(self.messages.len());
         let mut prefix = self.prefixes();
         let digests = &mut prefix.digests;
-        while digests.len() < self.messages.len() {
+        while digests.len() < len {
             let previous = digests.last().copied().unwrap_or([0; 16]);
             let mut hasher = Sha256::new();
             hasher.update(previous);
@@ -82,7 +87,7 @@ impl Inner {
             digest.copy_from_slice(&hasher.finalize()[..16]);
             digests.push(digest);
         }
-        digests.last().copied().unwrap_or([0; 16])
+        len.checked_sub(1).map_or([0; 16], |last| digests[last])
     }
 
     fn text_len(&self) -> u64 {
@@ -151,6 +156,14 @@ impl History {
     /// messages appended since the last call are hashed.
     pub fn digest(&self) -> [u8; 16] {
         self.inner.digest()
+    }
+
+    /// The digest of the first `len` messages (of all of them if `len` is
+    /// larger): equal to [`digest`](Self::digest) of a history holding just
+    /// those. A layer that keeps work per prefix checks with it that the
+    /// prefix it saw is still there.
+    pub fn prefix_digest(&self, len: usize) -> [u8; 16] {
+        self.inner.prefix_digest(len)
     }
 
     /// The summed [`Message::text_len`] of every message. Incremental like
@@ -291,6 +304,9 @@ mod tests {
         let fresh = History::from(history.to_vec());
         assert_eq!(history.digest(), fresh.digest());
         assert_ne!(history.digest(), one);
+        assert_eq!(history.prefix_digest(1), one);
+        assert_eq!(history.prefix_digest(0), [0; 16]);
+        assert_eq!(history.prefix_digest(99), history.digest());
         assert_eq!(history.text_len(), 2);
         history.to_mut()[1].set_text("changed");
         assert_ne!(history.digest(), fresh.digest());
