@@ -20,18 +20,35 @@ use crate::types::{
 
 /// Where streamed pieces of an answer go: the run's `on_token`.
 ///
+/// A sink is *provisional* when what it receives does not reach anyone yet:
+/// the run holds a turn's text until the hooks saw it, then sends it in one
+/// piece. A retry may replay a call whose deltas only went to a provisional
+/// sink.
+///
 /// # Clone
 ///
 /// Clones send to the same place.
 #[derive(Clone)]
 pub struct DeltaSink {
     f: Arc<dyn Fn(&ModelDelta) + Send + Sync>,
+    provisional: bool,
 }
 
 impl DeltaSink {
     /// A sink calling `f` for every delta.
     pub fn new(f: impl Fn(&ModelDelta) + Send + Sync + 'static) -> Self {
-        Self { f: Arc::new(f) }
+        Self {
+            f: Arc::new(f),
+            provisional: false,
+        }
+    }
+
+    /// A provisional sink calling `f`: see the type's docs.
+    pub fn provisional(f: impl Fn(&ModelDelta) + Send + Sync + 'static) -> Self {
+        Self {
+            f: Arc::new(f),
+            provisional: true,
+        }
     }
 
     /// A sink sending every delta into an unbounded channel.
@@ -43,6 +60,21 @@ impl DeltaSink {
             }),
             rx,
         )
+    }
+
+    /// A sink that hands each delta to `f` along with this sink, to pass on
+    /// (changed, split, held or not at all). It is provisional if this one is.
+    pub fn wrap(&self, f: impl Fn(&DeltaSink, &ModelDelta) + Send + Sync + 'static) -> Self {
+        let inner = self.clone();
+        Self {
+            f: Arc::new(move |delta| f(&inner, delta)),
+            provisional: self.provisional,
+        }
+    }
+
+    /// Whether what this sink receives reaches nobody yet.
+    pub fn is_provisional(&self) -> bool {
+        self.provisional
     }
 
     /// Sends one delta.

@@ -72,20 +72,21 @@ impl StreamGuard {
             return;
         }
         let emitted = Arc::new(AtomicBool::new(false));
-        let inner = sink.clone();
         let flag = emitted.clone();
-        *stream = Some(DeltaSink::new(move |delta| {
+        *stream = Some(sink.wrap(move |inner, delta| {
             flag.store(true, Ordering::Release);
             inner.send(delta);
         }));
         extensions.insert(StreamGuard { emitted });
     }
 
-    /// Whether nothing reached `stream`: true without a stream, false for a
-    /// stream that was never guarded (nobody can tell).
+    /// Whether nothing reached `stream`: true without a stream or with a
+    /// [provisional](DeltaSink::is_provisional) one (the run holds its text),
+    /// false for a stream that was never guarded (nobody can tell).
     pub fn untouched(stream: Option<&DeltaSink>, extensions: &http::Extensions) -> bool {
         match (stream, extensions.get::<StreamGuard>()) {
             (None, _) => true,
+            (Some(sink), _) if sink.is_provisional() => true,
             (Some(_), Some(guard)) => !guard.emitted.load(Ordering::Acquire),
             (Some(_), None) => false,
         }
@@ -112,6 +113,18 @@ mod tests {
         assert!(!copy.replay_safe());
         assert_eq!(rx.try_recv().unwrap(), ModelDelta::text("hi"));
         assert!(rx.try_recv().is_err(), "the delta went out once");
+    }
+
+    #[test]
+    fn a_provisional_stream_stays_replay_safe() {
+        let mut call = ModelCall::new(ModelRequest::default(), RunContext::new());
+        call.stream = Some(DeltaSink::provisional(|_| {}));
+        call.guard();
+        call.stream
+            .as_ref()
+            .unwrap()
+            .send(&ModelDelta::text("held"));
+        assert!(call.replay_safe(), "held text reached nobody");
     }
 
     #[test]

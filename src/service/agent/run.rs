@@ -306,7 +306,7 @@ impl Run {
         let ctx = &self.ctx;
         let hold = self.stream.is_some() && self.hooks.as_ref().is_some_and(|h| h.holds_stream());
         let stream = if hold {
-            Some(DeltaSink::new(|_| {}))
+            Some(DeltaSink::provisional(|_| {}))
         } else {
             self.stream.clone()
         };
