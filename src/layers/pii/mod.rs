@@ -1,0 +1,124 @@
+//! PII detection and masking: keep personal data and secrets out of what is
+//! sent to a model, and put them back into what comes out.
+//!
+//! This module is the pure text-processing engine (no I/O, no async); the
+//! tower layer wraps it.
+//!
+//! # Kinds
+//!
+//! [`PiiKind`] lists what is detected. Each kind has a stable upper-case
+//! label used in placeholders:
+//!
+//! | Kind | Label | Recognised |
+//! |---|---|---|
+//! | [`Email`](PiiKind::Email) | `EMAIL` | `jane.doe+tag@mail.example.co.uk` |
+//! | [`Phone`](PiiKind::Phone) | `PHONE` | `+44 20 7946 0958`, `+1-202-555-0143`, `(202) 555-0143`, `202.555.0143`, `020 7946 0958`, `06 12 34 56 78` |
+//! | [`CreditCard`](PiiKind::CreditCard) | `CREDIT_CARD` | 13–19 digits, optionally grouped by single spaces or dashes, Luhn-valid |
+//! | [`Iban`](PiiKind::Iban) | `IBAN` | `GB82 WEST 1234 5698 7654 32`: known country length, mod-97-valid |
+//! | [`UsSsn`](PiiKind::UsSsn) | `SSN` | `ddd-dd-dddd`, not area 000/666/9xx, group 00 or serial 0000 |
+//! | [`Ipv4`](PiiKind::Ipv4) | `IPV4` | dotted quads with octets 0–255 (not `1.2.3.4.5`, `v1.2.3.4`, `version 1.2.3.4`) |
+//! | [`Ipv6`](PiiKind::Ipv6) | `IPV6` | full and compressed forms (`2001:db8::1`, `::1`), checked by [`std::net::Ipv6Addr`] |
+//! | [`Mac`](PiiKind::Mac) | `MAC` | `aa:bb:cc:dd:ee:ff`, `AA-BB-CC-DD-EE-FF` |
+//! | [`AwsAccessKeyId`](PiiKind::AwsAccessKeyId) | `AWS_KEY` | `AKIA…`/`ASIA…` + 16 capitals or digits |
+//! | [`GithubToken`](PiiKind::GithubToken) | `GITHUB_TOKEN` | `ghp_`/`gho_`/`ghu_`/`ghs_`/`ghr_` + 36 alphanumerics, `github_pat_…` |
+//! | [`ApiKey`](PiiKind::ApiKey) | `API_KEY` | `sk-…`/`sk-proj-…` with ≥ 20 more characters, `sk_live_…` |
+//! | [`Jwt`](PiiKind::Jwt) | `JWT` | three base64url segments, the first starting `eyJ` |
+//! | [`PrivateKey`](PiiKind::PrivateKey) | `PRIVATE_KEY` | PEM `-----BEGIN … PRIVATE KEY-----` … `-----END … PRIVATE KEY-----` blocks |
+//! | [`Custom`](PiiKind::Custom) | the name, upper-cased | [`CustomDetector`]: a named regex or function |
+//!
+//! Things that look like numbers but are not personal data are deliberately
+//! left alone: dates, times, prices, version strings, order ids, ISBNs,
+//! hashes, and **UUIDs** (they identify records, not people, and masking them
+//! would break tool calls that pass them around). Detection favours
+//! structure and checksums over guesswork; a number without separators is a
+//! phone number only when it starts with `+`.
+//!
+//! # Strategies
+//!
+//! A [`PiiConfig`] picks the kinds to detect and a [`Strategy`] per kind
+//! (default [`Strategy::Mask`]):
+//!
+//! * **Mask**: `<EMAIL_1>`, `<EMAIL_2>`, …, numbered per kind; reversible.
+//! * **Redact**: `[REDACTED_EMAIL]`; not reversible.
+//! * **Hash**: `<EMAIL_1a2b3c4d>`, a salted SHA-256 prefix; stable, not reversible.
+//! * **Block**: masking fails with [`PiiBlocked`] naming the kind.
+//!
+//! # Engines and sessions
+//!
+//! [`PiiConfig::build`] gives a [`PiiEngine`], cheap to clone and meant to be
+//! built once. [`PiiEngine::detect`] scans a text in one pass: a byte-level
+//! prefilter finds the few regions that can hold structured PII (digits, `@`,
+//! `:`), the literal-prefixed secrets are found with one SIMD-accelerated
+//! regex, and the candidates are validated (checksums, ranges, context) and
+//! resolved to sorted, non-overlapping [`Detection`]s: the longest match wins,
+//! then a fixed kind priority.
+//!
+//! A [`PiiSession`] (from [`PiiEngine::session`]) holds the placeholder map of
+//! one run. Within a session the same value always gets the same placeholder,
+//! so the model can refer to "`<EMAIL_1>`" consistently, and
+//! [`PiiSession::restore`] replaces the placeholders in the model's output
+//! with the original values. Placeholder-looking text the session did not
+//! hand out is left untouched. Sessions take `&self` everywhere and can be
+//! shared in an `Arc`.
+//!
+//! # Streaming
+//!
+//! Model output often arrives in small deltas that can split a placeholder
+//! (`"<EMA"`, `"IL_1>"`). A [`StreamRestorer`] holds back only a possible
+//! placeholder prefix and guarantees that, for **any** chunking of a text, the
+//! concatenation of its outputs equals `session.restore(full_text)`.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tower_agent::layers::pii::{PiiConfig, PiiKind, Strategy};
+//!
+//! let engine = PiiConfig::new()
+//!     .strategy(PiiKind::CreditCard, Strategy::Redact)
+//!     .build();
+//! let session = Arc::new(engine.session());
+//!
+//! let prompt = "Email ann@example.com or call +44 20 7946 0958; \
+//!               card 4111 1111 1111 1111. Cc ann@example.com.";
+//! let masked = session.mask(prompt).unwrap();
+//! assert_eq!(
+//!     masked,
+//!     "Email <EMAIL_1> or call <PHONE_1>; card [REDACTED_CREDIT_CARD]. Cc <EMAIL_1>."
+//! );
+//!
+//! // The model answers with placeholders; restore them, here from a stream.
+//! let mut restorer = session.stream_restorer();
+//! let mut answer = String::new();
+//! for delta in ["I wrote to <EMA", "IL_1> and will call <PHO", "NE_1>."] {
+//!     answer += &restorer.push(delta);
+//! }
+//! answer += &restorer.finish();
+//! assert_eq!(answer, "I wrote to ann@example.com and will call +44 20 7946 0958.");
+//! assert_eq!(session.restore("<EMAIL_1>"), "ann@example.com");
+//! ```
+//!
+//! Texts with nothing to mask are returned borrowed, without allocating:
+//!
+//! ```
+//! # use std::borrow::Cow;
+//! # use tower_agent::layers::pii::PiiEngine;
+//! let session = PiiEngine::default().session();
+//! assert!(matches!(session.mask("Nothing to see here, 42 times.").unwrap(), Cow::Borrowed(_)));
+//! ```
+
+mod config;
+mod detect;
+mod engine;
+mod kind;
+mod patterns;
+mod scan;
+mod session;
+mod stream;
+mod validate;
+
+pub use config::{CustomDetector, PiiConfig, Strategy};
+pub use engine::PiiEngine;
+pub use kind::{Detection, PiiKind};
+pub use session::{PiiBlocked, PiiSession};
+pub use stream::StreamRestorer;
