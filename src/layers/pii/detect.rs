@@ -152,7 +152,7 @@ impl Collector<'_> {
             pos = m.end();
             let found = match patterns::secret_kind(m.as_str().as_bytes()) {
                 SecretKind::PrivateKey => {
-                    Some((PEM, patterns::pem_block(text, m.range(), &p.pem_end)))
+                    patterns::pem_block(text, m.range(), &p.pem_end).map(|r| (PEM, r))
                 }
                 SecretKind::Jwt => Some((JWT, m.range())),
                 SecretKind::Aws => Some((AWS, m.range())),

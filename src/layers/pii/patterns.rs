@@ -161,6 +161,16 @@ pub(crate) fn check_email(text: &str, r: Range<usize>) -> Checked {
     if after(t, r.end, 0).is_some_and(|n| is_word(n) || n == b'-' || n == b'@') {
         return Err(retry);
     }
+    // `https://token@github.com/…`: URL credentials, not an address.
+    if start >= 2 && &t[start - 2..start] == b"//" {
+        return Err(retry);
+    }
+    // `git@github.com:org/repo.git`: an SSH target.
+    if after(t, r.end, 0) == Some(b':')
+        && after(t, r.end, 1).is_some_and(|b| b.is_ascii_alphanumeric() || b == b'/' || b == b'~')
+    {
+        return Err(retry);
+    }
     let tld = text[..r.end].rsplit('.').next().unwrap_or_default();
     if FILE_EXTENSIONS.iter().any(|e| e.eq_ignore_ascii_case(tld)) {
         return Err(retry);
@@ -274,10 +284,7 @@ pub(crate) fn check_card(text: &str, r: Range<usize>) -> Checked {
         return Err(retry);
     };
     let n = digits(s);
-    if !(13..=19).contains(&n)
-        || !(b'2'..=b'6').contains(&s[0])
-        || !validate::luhn(&text[r.clone()])
-    {
+    if !validate::card_shape(s, n) || !validate::luhn(&text[r.clone()]) {
         return Err(retry);
     }
     if s.iter().filter(|b| b.is_ascii_digit()).all(|&b| b == s[0]) {
@@ -448,8 +455,21 @@ pub(crate) fn check_api_key(text: &str, r: Range<usize>) -> Checked {
     }
 }
 
-/// Extends a PEM private-key header match to the whole block.
-pub(crate) fn pem_block(text: &str, header: Range<usize>, pem_end: &Regex) -> Range<usize> {
+/// Whether `body` holds key material: a run of at least 20 base64 bytes.
+/// Keeps prose about PEM files and `...redacted...` examples out.
+fn has_key_material(body: &[u8]) -> bool {
+    body.split(|b| !(b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=')))
+        .any(|run| run.len() >= 20)
+}
+
+/// Extends a PEM private-key header match to the whole block; `None` when
+/// there is no key material after the header.
+pub(crate) fn pem_block(text: &str, header: Range<usize>, pem_end: &Regex) -> Option<Range<usize>> {
+    let block = pem_extent(text, header.clone(), pem_end);
+    has_key_material(&text.as_bytes()[header.end..block.end]).then_some(block)
+}
+
+fn pem_extent(text: &str, header: Range<usize>, pem_end: &Regex) -> Range<usize> {
     let rest = &text[header.end..];
     if let Some(k) = rest.find("-----END") {
         if let Some(m) = pem_end.find(&rest[k..]) {

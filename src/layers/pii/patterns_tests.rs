@@ -51,6 +51,8 @@ fn email() {
         "@handle on social",
         "user@localhost",
         "icon@2x.png",
+        "git@github.com:org/repo.git",
+        "https://user@example.com/path",
         "lodash@4.17.21",
         "a@b.c0m",
         "name at example dot com",
@@ -281,6 +283,9 @@ fn private_key_blocks() {
     );
     assert_clean(&[
         "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8A\n-----END PUBLIC KEY-----",
+        "begin with -----BEGIN PRIVATE KEY----- and end with -----END PRIVATE KEY-----.",
+        "-----BEGIN PRIVATE KEY-----\n...\n-----END PRIVATE KEY-----",
+        "-----BEGIN PRIVATE KEY-----",
     ]);
 }
 

@@ -127,7 +127,10 @@ fn crosses_space(bytes: &[u8], start: usize, e: usize) -> bool {
                 .take(5)
                 .take_while(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
                 .count();
-            group <= 4 && bytes.get(e + 1 + group).is_none_or(|&b| !is_token(b))
+            group <= 4
+                && bytes
+                    .get(e + 1 + group)
+                    .is_none_or(|&b| !b.is_ascii_alphanumeric())
         }
         _ => false,
     }
@@ -201,6 +204,10 @@ mod tests {
         assert_eq!(windows("call +1 (202) 555-0143 now"), ["+1 (202) 555-0143"]);
         assert_eq!(windows("mail jo.e+x@ex.com."), ["jo.e+x@ex.com."]);
         assert_eq!(windows("in 2019 The Big"), ["2019"]);
+        assert_eq!(
+            windows("is LU22 457U 85M5 WY3C HST1."),
+            ["LU22 457U 85M5 WY3C HST1."]
+        );
     }
 
     #[test]

@@ -117,6 +117,40 @@ const IBAN_LENGTHS: &[(&[u8; 2], u8)] = &[
     (b"YE", 30),
 ];
 
+/// Whether a card number (digits, possibly with separators after the first
+/// four) starts with an issuer prefix in use: 2221–2720 (Mastercard), 30 and
+/// 34–39 (Diners, Amex, JCB), 4 (Visa), 5 (Mastercard, Maestro), 6 (Discover,
+/// UnionPay, Maestro). Rules out timestamps (`2024…`) and most ids.
+pub(crate) fn card_prefix(s: &[u8]) -> bool {
+    if s.len() < 4 || !s[..4].iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    match s[0] {
+        b'2' => {
+            let p = s[..4]
+                .iter()
+                .fold(0u32, |n, &d| n * 10 + u32::from(d - b'0'));
+            (2221..=2720).contains(&p)
+        }
+        b'3' => matches!(s[1], b'0' | b'4'..=b'9'),
+        b'4'..=b'6' => true,
+        _ => false,
+    }
+}
+
+/// Whether `n` digits fit the issuer of a card number starting like `s`:
+/// 13-digit numbers are (legacy) Visa only, Visa never has 14 or 15 digits,
+/// and every card has 13–19 digits. Keeps EAN-13 barcodes out.
+pub(crate) fn card_shape(s: &[u8], n: usize) -> bool {
+    card_prefix(s)
+        && match n {
+            13 => s[0] == b'4',
+            14 | 15 => s[0] != b'4',
+            16..=19 => true,
+            _ => false,
+        }
+}
+
 /// The IBAN length registered for a country code (ISO 13616 / SWIFT registry).
 pub(crate) fn iban_length(country: &[u8]) -> Option<usize> {
     IBAN_LENGTHS
@@ -219,6 +253,26 @@ mod tests {
         ] {
             assert!(!luhn(n), "{n}");
         }
+    }
+
+    #[test]
+    fn card_prefixes_and_lengths() {
+        for ok in [
+            "2221", "2720", "3000", "3400", "3530", "4111", "5100", "6011",
+        ] {
+            assert!(card_prefix(ok.as_bytes()), "{ok}");
+        }
+        for bad in [
+            "2024", "2721", "1234", "3100", "3300", "7000", "9400", "0000", "41",
+        ] {
+            assert!(!card_prefix(bad.as_bytes()), "{bad}");
+        }
+        assert!(card_shape(b"4222222222222", 13));
+        assert!(!card_shape(b"5901234123457", 13));
+        assert!(card_shape(b"378282246310005", 15));
+        assert!(!card_shape(b"411111111111111", 15));
+        assert!(card_shape(b"4111111111111111", 16));
+        assert!(!card_shape(b"41111111111111111111", 20));
     }
 
     #[test]
