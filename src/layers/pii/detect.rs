@@ -155,11 +155,11 @@ impl Collector<'_> {
                     patterns::pem_block(text, m.range(), &p.pem_end).map(|r| (PEM, r))
                 }
                 SecretKind::Jwt => Some((JWT, m.range())),
-                SecretKind::Aws => Some((AWS, m.range())),
-                SecretKind::Github => Some((GITHUB, m.range())),
-                SecretKind::ApiKey => patterns::check_api_key(text, m.range())
-                    .ok()
-                    .map(|r| (API_KEY, r)),
+                SecretKind::Aws => patterns::check_token(text, m.range()).map(|r| (AWS, r)),
+                SecretKind::Github => patterns::check_token(text, m.range()).map(|r| (GITHUB, r)),
+                SecretKind::ApiKey => {
+                    patterns::check_api_key(text, m.range()).map(|r| (API_KEY, r))
+                }
             };
             if let Some((kind, range)) = found {
                 if self.on(kind) {

@@ -440,18 +440,34 @@ pub(crate) enum SecretKind {
     PrivateKey,
 }
 
-pub(crate) fn check_api_key(text: &str, r: Range<usize>) -> Checked {
+/// Accepts a random token (AWS, GitHub, API key) unless it is a documentation
+/// placeholder: a run of 6 identical characters (`sk-XXXXXX…`,
+/// `ghp_xxxxxx…`), which a random key of this length essentially never has
+/// (probability below 1e-7).
+pub(crate) fn check_token(text: &str, r: Range<usize>) -> Option<Range<usize>> {
     let s = &text.as_bytes()[r.clone()];
-    // Keys are random: some digit or capital letter after the prefix. This
-    // keeps slugs such as `sk-learn-is-a-python-library` out.
-    let body = &s[3..];
+    let mut run = 1;
+    for w in s.windows(2) {
+        run = if w[0] == w[1] { run + 1 } else { 1 };
+        if run >= 6 {
+            return None;
+        }
+    }
+    Some(r)
+}
+
+/// An `sk-` style key: a random token with some digit or capital letter
+/// after the prefix, which keeps slugs such as `sk-learn-is-a-python-library`
+/// out.
+pub(crate) fn check_api_key(text: &str, r: Range<usize>) -> Option<Range<usize>> {
+    let body = &text.as_bytes()[r.start + 3..r.end];
     if body
         .iter()
         .any(|b| b.is_ascii_digit() || b.is_ascii_uppercase())
     {
-        Ok(r)
+        check_token(text, r)
     } else {
-        Err(r.end)
+        None
     }
 }
 

@@ -262,6 +262,9 @@ fn secrets() {
         "AKIA1234",
         "ghp_short",
         "eyJhbGciOiJIUzI1NiJ9",
+        "OPENAI_API_KEY=sk-XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX",
+        "ghp_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+        "AKIAXXXXXXXXXXXXXXXX",
     ]);
 }
 
