@@ -179,7 +179,7 @@ pub(crate) fn check_email(text: &str, r: Range<usize>) -> Checked {
 }
 
 /// Words that, right before a dotted quad, make it a version number.
-const VERSION_WORDS: &[&str] = &["v", "ver", "version", "build", "release", "firmware", "fw"];
+const VERSION_WORDS: &[&str] = &["ver", "version", "build", "release", "firmware"];
 
 pub(crate) fn check_ipv4(text: &str, r: Range<usize>) -> Checked {
     let t = text.as_bytes();

@@ -174,6 +174,7 @@ fn ipv4() {
     );
     assert_eq!(found("host 10.0.0.1:8080"), [(PiiKind::Ipv4, "10.0.0.1")]);
     assert_eq!(found("net 10.1.0.0/16"), [(PiiKind::Ipv4, "10.1.0.0")]);
+    assert_eq!(found("V 0.0.0.0"), [(PiiKind::Ipv4, "0.0.0.0")]);
     assert_clean(&[
         "256.1.1.1",
         "999.1.1.1",
