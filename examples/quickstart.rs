@@ -1,1 +1,2 @@
+//! Quickstart (placeholder until the crate's agent API lands).
 fn main() {}

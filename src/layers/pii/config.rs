@@ -335,6 +335,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::reversed_empty_ranges, clippy::single_range_in_vec_init)]
     fn custom_fn_ranges_are_sanitised() {
         let d = CustomDetector::from_fn("bad", |_| vec![0..1, 2..2, 5..99, 1..3, 3..1, 2..3]);
         let mut got = Vec::new();

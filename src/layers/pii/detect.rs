@@ -127,14 +127,17 @@ impl Collector<'_> {
             self.run(text, w, CARD, &p.card, patterns::check_card);
         }
         if w.digits >= 8 && self.on(PHONE) {
-            for (re, shape) in [
-                (&p.phone_intl, PhoneShape::International),
-                (&p.phone_nanp, PhoneShape::NorthAmerican),
-                (&p.phone_trunk, PhoneShape::Trunk),
+            // Cheap facts of the window rule out most phone shapes.
+            for (re, shape, possible) in [
+                (&p.phone_intl, PhoneShape::International, w.plus > 0),
+                (&p.phone_nanp, PhoneShape::NorthAmerican, true),
+                (&p.phone_trunk, PhoneShape::Trunk, w.zero_groups > 0),
             ] {
-                self.run(text, w, PHONE, re, |t, r| {
-                    patterns::check_phone(t, r, shape)
-                });
+                if possible {
+                    self.run(text, w, PHONE, re, |t, r| {
+                        patterns::check_phone(t, r, shape)
+                    });
+                }
             }
         }
         if w.digits >= 2 && w.upper >= 2 && w.len() >= 15 && self.on(IBAN) {
@@ -178,8 +181,23 @@ pub(crate) fn detect(config: &PiiConfig, text: &str) -> Vec<Detection> {
         config,
         out: Vec::new(),
     };
-    for_each_window(text, |w| c.window(text, w));
+    // Secrets first: a window lying inside a secret (the digits of a JWT or
+    // a token) cannot hold a structured value that would win against it, so
+    // it is skipped. Secrets are found in text order.
     c.secrets(text);
+    let secrets: Vec<Range<usize>> = c.out.iter().map(|s| s.range.clone()).collect();
+    let mut next_secret = 0;
+    for_each_window(text, |w| {
+        while next_secret < secrets.len() && secrets[next_secret].end <= w.start {
+            next_secret += 1;
+        }
+        let inside = secrets
+            .get(next_secret)
+            .is_some_and(|s| s.start <= w.start && w.end <= s.end);
+        if !inside {
+            c.window(text, w);
+        }
+    });
     for (i, d) in config.custom_detectors().iter().enumerate() {
         let mut found = Vec::new();
         d.find(text, |r| found.push(r));
@@ -203,6 +221,11 @@ pub(crate) fn detect(config: &PiiConfig, text: &str) -> Vec<Detection> {
 /// then lower rank, then earlier start; returns them sorted by start.
 fn resolve(mut cands: Vec<Candidate>) -> Vec<Candidate> {
     if cands.len() <= 1 {
+        return cands;
+    }
+    // Usual case: nothing overlaps, and sorting by start is all there is to do.
+    cands.sort_unstable_by_key(|c| (c.range.start, c.range.end, c.rank));
+    if cands.windows(2).all(|w| w[0].range.end <= w[1].range.start) {
         return cands;
     }
     cands.sort_by(|a, b| {

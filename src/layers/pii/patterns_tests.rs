@@ -15,7 +15,7 @@ fn found(text: &str) -> Vec<(PiiKind, &str)> {
 fn assert_finds(kind: PiiKind, values: &[&str]) {
     for v in values {
         for text in [
-            format!("{v}"),
+            v.to_string(),
             format!("see {v}."),
             format!("(\"{v}\"), then"),
         ] {

@@ -68,6 +68,9 @@ pub(crate) struct Window {
     pub(crate) dots: u32,
     pub(crate) dashes: u32,
     pub(crate) upper: u32,
+    pub(crate) plus: u32,
+    /// Digit groups starting with `0` (a national trunk prefix candidate).
+    pub(crate) zero_groups: u32,
 }
 
 impl Window {
@@ -77,9 +80,15 @@ impl Window {
             end,
             ..Window::default()
         };
+        let mut prev_digit = false;
         for &b in &bytes[start..end] {
+            if b == b'0' && !prev_digit {
+                w.zero_groups += 1;
+            }
+            prev_digit = b.is_ascii_digit();
             match b {
                 b'0'..=b'9' => w.digits += 1,
+                b'+' => w.plus += 1,
                 b'A'..=b'Z' => w.upper += 1,
                 b'@' => w.at += 1,
                 b':' => w.colons += 1,
@@ -136,6 +145,41 @@ fn crosses_space(bytes: &[u8], start: usize, e: usize) -> bool {
     }
 }
 
+/// The position of the first trigger byte at or after `i`.
+///
+/// Eight bytes at a time: a word is skipped when none of its bytes lies in
+/// `0x2D..=0x40` (`-`, `.`, `/`, digits, `:`, `;`, `<`, `=`, `>`, `?`, `@`),
+/// which holds for most words of prose; the bytes of the other words are
+/// looked up in [`CLASS`].
+#[inline]
+fn next_trigger(bytes: &[u8], mut i: usize) -> Option<usize> {
+    const LO: u64 = u64::from_le_bytes([1; 8]);
+    const LOW7: u64 = LO * 0x7F;
+    const HIGH: u64 = LO * 0x80;
+    // "Has a byte strictly between m and n" (bit-twiddling hacks), exact for
+    // every byte; non-ASCII bytes never match.
+    const M: u64 = 0x2C;
+    const N: u64 = 0x41;
+    while i + 8 <= bytes.len() {
+        let word: [u8; 8] = bytes[i..i + 8].try_into().expect("8 bytes");
+        let x = u64::from_le_bytes(word);
+        let mut hits =
+            ((LO * (127 + N)).wrapping_sub(x & LOW7) & !x & ((x & LOW7) + LO * (127 - M))) & HIGH;
+        while hits != 0 {
+            let j = i + (hits.trailing_zeros() / 8) as usize;
+            if CLASS[usize::from(bytes[j])] & TRIGGER != 0 {
+                return Some(j);
+            }
+            hits &= hits - 1;
+        }
+        i += 8;
+    }
+    bytes[i..]
+        .iter()
+        .position(|&b| CLASS[usize::from(b)] & TRIGGER != 0)
+        .map(|k| i + k)
+}
+
 /// Calls `f` for each window of `text`, in order; windows never overlap.
 pub(crate) fn for_each_window(text: &str, mut f: impl FnMut(&Window)) {
     let bytes = text.as_bytes();
@@ -143,11 +187,8 @@ pub(crate) fn for_each_window(text: &str, mut f: impl FnMut(&Window)) {
     let mut i = 0;
     let mut floor = 0;
     while i < n {
-        match bytes[i..]
-            .iter()
-            .position(|&b| CLASS[usize::from(b)] & TRIGGER != 0)
-        {
-            Some(k) => i += k,
+        match next_trigger(bytes, i) {
+            Some(k) => i = k,
             None => break,
         }
         if bytes[i] == b'-' && !mac_dash(bytes, i) {
@@ -215,6 +256,23 @@ mod tests {
         assert_eq!(windows("Note: fine"), ["Note:"]);
         assert_eq!(windows("mac AA-BB-CC-DD-EE-FF ok"), ["AA-BB-CC-DD-EE-FF"]);
         assert_eq!(windows("ip ::1 and fe80::1"), ["::1", "fe80::1"]);
+    }
+
+    #[test]
+    fn swar_skip_finds_every_trigger() {
+        // Every byte value at every offset of a word, against the table.
+        for b in 0..=255u8 {
+            for at in 0..20 {
+                let mut v = vec![b'a'; 20];
+                v[at] = b;
+                let want = (CLASS[usize::from(b)] & TRIGGER != 0).then_some(at);
+                assert_eq!(next_trigger(&v, 0), want, "byte {b:#x} at {at}");
+                assert_eq!(
+                    next_trigger(&v, at.min(19)),
+                    want.filter(|&w| w >= at.min(19))
+                );
+            }
+        }
     }
 
     #[test]
