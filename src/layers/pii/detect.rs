@@ -150,12 +150,17 @@ impl Collector<'_> {
             return;
         }
         let p = patterns::patterns();
+        let mut ends = NextLiteral::new("-----END");
+        let mut begins = NextLiteral::new("-----BEGIN");
         let mut pos = 0;
         while let Some(m) = p.secrets.find_at(text, pos) {
             pos = m.end();
             let found = match patterns::secret_kind(m.as_str().as_bytes()) {
                 SecretKind::PrivateKey => {
-                    patterns::pem_block(text, m.range(), &p.pem_end).map(|r| (PEM, r))
+                    let next_end = ends.next(text, m.end());
+                    let limit = begins.next(text, m.end()).unwrap_or(text.len());
+                    patterns::pem_block(text, m.range(), &p.pem_end, next_end, limit)
+                        .map(|r| (PEM, r))
                 }
                 SecretKind::Jwt => Some((JWT, m.range())),
                 SecretKind::Aws => patterns::check_token(text, m.range()).map(|r| (AWS, r)),
@@ -169,6 +174,32 @@ impl Collector<'_> {
                     pos = pos.max(range.end);
                     self.push(kind, range);
                 }
+            }
+        }
+    }
+}
+
+/// The next occurrence of a literal at or after a position, memoised for
+/// non-decreasing positions: every search starts after the previous result,
+/// so all searches together scan the text at most once.
+struct NextLiteral {
+    needle: &'static str,
+    /// Where the last search started, and what it found.
+    last: Option<(usize, Option<usize>)>,
+}
+
+impl NextLiteral {
+    fn new(needle: &'static str) -> Self {
+        NextLiteral { needle, last: None }
+    }
+
+    fn next(&mut self, text: &str, from: usize) -> Option<usize> {
+        match self.last {
+            Some((start, found)) if start <= from && found.is_none_or(|k| k >= from) => found,
+            _ => {
+                let found = text[from..].find(self.needle).map(|k| from + k);
+                self.last = Some((from, found));
+                found
             }
         }
     }
@@ -273,6 +304,30 @@ mod tests {
             cand(21..23, 0),
         ]);
         assert_eq!(got, [cand(2..10, 9), cand(11..13, 0), cand(20..22, 0)]);
+    }
+
+    #[test]
+    fn next_literal_is_memoised_correctly() {
+        let text = "a--b----b--b";
+        let mut n = NextLiteral::new("--b");
+        let want = |from: usize| text[from..].find("--b").map(|k| from + k);
+        for from in 0..=text.len() {
+            assert_eq!(n.next(text, from), want(from), "from {from}");
+        }
+    }
+
+    #[test]
+    fn many_pem_headers_stay_linear() {
+        let config = PiiConfig::new();
+        let text = "-----BEGIN PRIVATE KEY----- x\n".repeat(20_000) + "-----END PRIVATE KEY-----";
+        let t = std::time::Instant::now();
+        assert!(detect(&config, &text).is_empty());
+        // Quadratic behaviour took seconds here; linear takes milliseconds.
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(1500),
+            "{:?}",
+            t.elapsed()
+        );
     }
 
     #[test]

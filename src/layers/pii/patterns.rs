@@ -480,20 +480,36 @@ fn has_key_material(body: &[u8]) -> bool {
 
 /// Extends a PEM private-key header match to the whole block; `None` when
 /// there is no key material after the header.
-pub(crate) fn pem_block(text: &str, header: Range<usize>, pem_end: &Regex) -> Option<Range<usize>> {
-    let block = pem_extent(text, header.clone(), pem_end);
+///
+/// `next_end` is the position of the first `-----END` after the header and
+/// `limit` that of the next `-----BEGIN` (or the text length): a block never
+/// spans another header, so the bodies of successive headers are disjoint
+/// and scanning them all is linear in the text.
+pub(crate) fn pem_block(
+    text: &str,
+    header: Range<usize>,
+    pem_end: &Regex,
+    next_end: Option<usize>,
+    limit: usize,
+) -> Option<Range<usize>> {
+    let block = pem_extent(text, header.clone(), pem_end, next_end, limit);
     has_key_material(&text.as_bytes()[header.end..block.end]).then_some(block)
 }
 
-fn pem_extent(text: &str, header: Range<usize>, pem_end: &Regex) -> Range<usize> {
-    let rest = &text[header.end..];
-    if let Some(k) = rest.find("-----END") {
-        if let Some(m) = pem_end.find(&rest[k..]) {
-            return header.start..header.end + k + m.end();
+fn pem_extent(
+    text: &str,
+    header: Range<usize>,
+    pem_end: &Regex,
+    next_end: Option<usize>,
+    limit: usize,
+) -> Range<usize> {
+    if let Some(k) = next_end.filter(|&k| k < limit) {
+        if let Some(m) = pem_end.find(&text[k..]) {
+            return header.start..k + m.end();
         }
     }
     // Truncated block: take the base64 lines that follow the header.
-    let t = text.as_bytes();
+    let t = &text.as_bytes()[..limit];
     let mut end = header.end;
     let is_b64 = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=' | b'\\');
     loop {

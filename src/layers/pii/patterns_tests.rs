@@ -346,3 +346,20 @@ fn disabled_kinds_are_not_reported() {
     assert!(engine.detect(jwt).is_empty());
     assert_eq!(engine.detect("AKIAIOSFODNN7EXAMPLE").len(), 1);
 }
+
+#[test]
+fn consecutive_and_truncated_pem_blocks() {
+    let a = "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIBkg4LVWM9nuwNSk3yByxZpYRTBnVJk5oGH0Z1Rv3u4KoAoGCCqGSM49\n-----END EC PRIVATE KEY-----";
+    let b = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj\n-----END PRIVATE KEY-----";
+    let cut = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA0Z3VS5JJcds3xfn/ygWyF8PbnGy0AHB7MhgHcTz6sE2I2yPB";
+    let text = format!("{a}\n{b}\n\n{cut}\n{b}");
+    assert_eq!(
+        found(&text),
+        [
+            (PiiKind::PrivateKey, a),
+            (PiiKind::PrivateKey, b),
+            (PiiKind::PrivateKey, cut),
+            (PiiKind::PrivateKey, b)
+        ]
+    );
+}
