@@ -41,7 +41,9 @@ pub(crate) fn patterns() -> &'static Patterns {
     PATTERNS.get_or_init(|| {
         let re = |p: &str| Regex::new(p).expect("built-in PII pattern compiles");
         Patterns {
-            email: re(r"[A-Za-z0-9._%+'\-]+@(?:[A-Za-z0-9\-]+\.)+[A-Za-z]{2,24}"),
+            email: re(
+                r"[A-Za-z0-9._%+'\-\p{Latin}\p{Greek}\p{Cyrillic}]+@(?:[A-Za-z0-9\-]+\.)+[A-Za-z]{2,24}",
+            ),
             ipv4: re(r"[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}"),
             ipv6: re(r"[0-9A-Fa-f:]{2,45}(?:\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3})?"),
             mac: re(r"[0-9A-Fa-f]{2}[:\-][0-9A-Fa-f]{2}(?:[:\-][0-9A-Fa-f]{2}){4}"),
@@ -155,7 +157,7 @@ pub(crate) fn check_email(text: &str, r: Range<usize>) -> Checked {
     while matches!(t[start], b'.' | b'\'') {
         start += 1;
     }
-    if start >= at || at - start > 64 {
+    if start >= at || text[start..at].chars().count() > 64 {
         return Err(retry);
     }
     if after(t, r.end, 0).is_some_and(|n| is_word(n) || n == b'-' || n == b'@') {

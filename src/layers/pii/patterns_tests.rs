@@ -47,6 +47,15 @@ fn email() {
     );
     assert_eq!(found(".ann@ex.org"), [(PiiKind::Email, "ann@ex.org")]);
     assert_eq!(found("'ann@ex.org'"), [(PiiKind::Email, "ann@ex.org")]);
+    for (text, want) in [
+        ("an müller@example.de bitte", "müller@example.de"),
+        ("josé.garcía@correo.es", "josé.garcía@correo.es"),
+        ("Ελένη.παπα@example.gr", "Ελένη.παπα@example.gr"),
+        ("почта иван@example.ru", "иван@example.ru"),
+        ("メールtaro@example.jp", "taro@example.jp"),
+    ] {
+        assert_eq!(found(text), [(PiiKind::Email, want)], "{text}");
+    }
     assert_clean(&[
         "@handle on social",
         "user@localhost",

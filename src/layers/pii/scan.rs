@@ -29,7 +29,9 @@ static CLASS: [u8; 256] = {
         if b.is_ascii_digit() || b == b'@' || b == b':' || b == b'-' {
             c |= TRIGGER;
         }
-        if b.is_ascii_alphanumeric()
+        // Non-ASCII bytes too: e-mail local parts such as `müller` or `παπα`.
+        if b >= 0x80
+            || b.is_ascii_alphanumeric()
             || matches!(
                 b,
                 b'+' | b'-' | b'.' | b'_' | b'(' | b')' | b'@' | b':' | b'%' | b'\''
