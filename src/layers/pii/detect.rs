@@ -114,7 +114,8 @@ impl Collector<'_> {
         if w.digits >= 4 && w.dots >= 3 && self.on(IPV4) {
             self.run(text, w, IPV4, &p.ipv4, patterns::check_ipv4);
         }
-        if w.colons >= 2 && w.digits >= 1 && self.on(IPV6) {
+        // An IPv6 address has `::`, or eight groups (six and a dotted quad).
+        if w.digits >= 1 && (w.double_colon || w.colons >= 6) && self.on(IPV6) {
             self.run(text, w, IPV6, &p.ipv6, patterns::check_ipv6);
         }
         if (w.colons >= 5 || w.dashes >= 5) && self.on(MAC) {
@@ -123,15 +124,22 @@ impl Collector<'_> {
         if w.digits >= 9 && w.dashes >= 2 && self.on(SSN) {
             self.run(text, w, SSN, &p.ssn, patterns::check_ssn);
         }
-        if w.digits >= 13 && self.on(CARD) {
+        // 13+ digits, in one run or grouped by spaces or dashes.
+        if w.digits >= 13 && (w.max_run >= 13 || w.spaces + w.dashes >= 2) && self.on(CARD) {
             self.run(text, w, CARD, &p.card, patterns::check_card);
         }
         if w.digits >= 8 && self.on(PHONE) {
-            // Cheap facts of the window rule out most phone shapes.
+            // Cheap facts of the window rule out most phone shapes: national
+            // numbers are always written with separators.
+            let separated = w.spaces + w.dots + w.dashes + w.parens > 0;
             for (re, shape, possible) in [
                 (&p.phone_intl, PhoneShape::International, w.plus > 0),
-                (&p.phone_nanp, PhoneShape::NorthAmerican, true),
-                (&p.phone_trunk, PhoneShape::Trunk, w.zero_groups > 0),
+                (&p.phone_nanp, PhoneShape::NorthAmerican, separated),
+                (
+                    &p.phone_trunk,
+                    PhoneShape::Trunk,
+                    separated && w.zero_groups > 0,
+                ),
             ] {
                 if possible {
                     self.run(text, w, PHONE, re, |t, r| {

@@ -73,6 +73,13 @@ pub(crate) struct Window {
     pub(crate) plus: u32,
     /// Digit groups starting with `0` (a national trunk prefix candidate).
     pub(crate) zero_groups: u32,
+    /// Spaces (crossed between groups) and parentheses.
+    pub(crate) spaces: u32,
+    pub(crate) parens: u32,
+    /// Length of the longest run of digits.
+    pub(crate) max_run: u32,
+    /// Whether `::` occurs (compressed IPv6).
+    pub(crate) double_colon: bool,
 }
 
 impl Window {
@@ -82,22 +89,34 @@ impl Window {
             end,
             ..Window::default()
         };
-        let mut prev_digit = false;
+        let mut run = 0;
+        let mut prev = 0u8;
         for &b in &bytes[start..end] {
-            if b == b'0' && !prev_digit {
-                w.zero_groups += 1;
+            if b.is_ascii_digit() {
+                if run == 0 && b == b'0' {
+                    w.zero_groups += 1;
+                }
+                run += 1;
+                w.digits += 1;
+                w.max_run = w.max_run.max(run);
+            } else {
+                run = 0;
+                match b {
+                    b'+' => w.plus += 1,
+                    b'A'..=b'Z' => w.upper += 1,
+                    b'@' => w.at += 1,
+                    b':' => {
+                        w.colons += 1;
+                        w.double_colon |= prev == b':';
+                    }
+                    b'.' => w.dots += 1,
+                    b'-' => w.dashes += 1,
+                    b' ' => w.spaces += 1,
+                    b'(' | b')' => w.parens += 1,
+                    _ => {}
+                }
             }
-            prev_digit = b.is_ascii_digit();
-            match b {
-                b'0'..=b'9' => w.digits += 1,
-                b'+' => w.plus += 1,
-                b'A'..=b'Z' => w.upper += 1,
-                b'@' => w.at += 1,
-                b':' => w.colons += 1,
-                b'.' => w.dots += 1,
-                b'-' => w.dashes += 1,
-                _ => {}
-            }
+            prev = b;
         }
         w
     }
@@ -285,6 +304,11 @@ mod tests {
         assert_eq!(ws.len(), 1);
         let w = ws[0];
         assert_eq!((w.digits, w.dots, w.colons, w.len()), (7, 3, 1, 11));
+        assert_eq!((w.max_run, w.zero_groups, w.double_colon), (2, 2, false));
+        let mut ws = Vec::new();
+        for_each_window("(020) 7946 0958 fe80::1", |w| ws.push(*w));
+        assert_eq!((ws[0].spaces, ws[0].parens, ws[0].max_run), (2, 2, 4));
+        assert!(ws[1].double_colon);
     }
 
     #[test]
