@@ -68,6 +68,26 @@
 //! placeholder prefix and guarantees that, for **any** chunking of a text, the
 //! concatenation of its outputs equals `session.restore(full_text)`.
 //!
+//! # Limitations
+//!
+//! * Detection is pattern-based: names, postal addresses and free-form
+//!   identifiers are not found (add [`CustomDetector`]s for your own ids).
+//! * Phone numbers are found in the international form (`+` and a country
+//!   code) and in the national forms listed above; other national layouts
+//!   without a `+` (e.g. `612 345 678`) and vanity numbers are not.
+//! * E-mail domains must be ASCII (punycode); local parts may use Latin,
+//!   Greek and Cyrillic letters. IBANs must be upper-case. An IPv6 address
+//!   must contain a decimal digit (keeps `dead::beef`-like identifiers out).
+//!   MAC addresses in Cisco's dotted form (`aabb.ccdd.eeff`) are not found.
+//! * Documentation placeholders are not secrets: `sk-XXXX…`, `ghp_xxxx…`
+//!   (a run of six identical characters) and PEM blocks without base64 key
+//!   material are skipped.
+//! * [`PiiSession::restore`] replaces every placeholder it handed out,
+//!   wherever it appears: text that already contained `<EMAIL_1>` before
+//!   masking is restored too, and a model that is induced to write
+//!   `<EMAIL_1>` into, say, a tool call gets the real value there. The layer
+//!   decides where restoring is appropriate.
+//!
 //! # Example
 //!
 //! ```
