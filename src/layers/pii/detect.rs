@@ -226,17 +226,15 @@ pub(crate) fn detect(config: &PiiConfig, text: &str) -> Vec<Detection> {
     c.secrets(text);
     let secrets: Vec<Range<usize>> = c.out.iter().map(|s| s.range.clone()).collect();
     let mut next_secret = 0;
-    for_each_window(text, |w| {
-        while next_secret < secrets.len() && secrets[next_secret].end <= w.start {
+    let outside_secrets = |start: usize, end: usize| {
+        while next_secret < secrets.len() && secrets[next_secret].end <= start {
             next_secret += 1;
         }
-        let inside = secrets
+        !secrets
             .get(next_secret)
-            .is_some_and(|s| s.start <= w.start && w.end <= s.end);
-        if !inside {
-            c.window(text, w);
-        }
-    });
+            .is_some_and(|s| s.start <= start && end <= s.end)
+    };
+    for_each_window(text, outside_secrets, |w| c.window(text, w));
     for (i, d) in config.custom_detectors().iter().enumerate() {
         let mut found = Vec::new();
         d.find(text, |r| found.push(r));

@@ -121,6 +121,13 @@ fn right_free(t: &[u8], end: usize, seps: &[u8]) -> bool {
     }
 }
 
+/// Where to search again after rejecting a match at `start` because the byte
+/// before it is a word byte: past the end of that word, since every match
+/// starting inside it would be glued to a word byte too.
+fn past_word(t: &[u8], start: usize) -> usize {
+    start + 1 + t[start + 1..].iter().take_while(|&&b| is_word(b)).count()
+}
+
 /// Counts the ASCII digits of `s`.
 fn digits(s: &[u8]) -> usize {
     s.iter().filter(|b| b.is_ascii_digit()).count()
@@ -284,6 +291,10 @@ pub(crate) fn check_card(text: &str, r: Range<usize>) -> Checked {
     let t = text.as_bytes();
     let s = &t[r.clone()];
     let retry = r.start + 1;
+    if before(t, r.start, 1).is_some_and(is_word) || after(t, r.end, 0).is_some_and(is_word) {
+        // A digit run glued to letters or longer than a card: skip it.
+        return Err(past_word(t, r.start));
+    }
     let Ok(sep) = uniform_separator(s) else {
         return Err(retry);
     };
@@ -292,9 +303,6 @@ pub(crate) fn check_card(text: &str, r: Range<usize>) -> Checked {
         return Err(retry);
     }
     if s.iter().filter(|b| b.is_ascii_digit()).all(|&b| b == s[0]) {
-        return Err(retry);
-    }
-    if before(t, r.start, 1).is_some_and(is_word) || after(t, r.end, 0).is_some_and(is_word) {
         return Err(retry);
     }
     if let Some(sep) = sep {
@@ -318,7 +326,7 @@ pub(crate) fn check_iban(text: &str, r: Range<usize>) -> Checked {
     let t = text.as_bytes();
     let retry = r.start + 1;
     if before(t, r.start, 1).is_some_and(is_word) {
-        return Err(retry);
+        return Err(past_word(t, r.start));
     }
     let Some(len) = validate::iban_length(&t[r.start..r.start + 2]) else {
         return Err(retry);

@@ -202,7 +202,13 @@ fn next_trigger(bytes: &[u8], mut i: usize) -> Option<usize> {
 }
 
 /// Calls `f` for each window of `text`, in order; windows never overlap.
-pub(crate) fn for_each_window(text: &str, mut f: impl FnMut(&Window)) {
+/// Windows whose byte range `wanted` rejects are skipped before their counts
+/// are taken.
+pub(crate) fn for_each_window(
+    text: &str,
+    mut wanted: impl FnMut(usize, usize) -> bool,
+    mut f: impl FnMut(&Window),
+) {
     let bytes = text.as_bytes();
     let n = bytes.len();
     let mut i = 0;
@@ -231,7 +237,9 @@ pub(crate) fn for_each_window(text: &str, mut f: impl FnMut(&Window)) {
                 break;
             }
         }
-        f(&Window::new(bytes, start, end));
+        if wanted(start, end) {
+            f(&Window::new(bytes, start, end));
+        }
         i = end;
         floor = end;
     }
@@ -243,7 +251,7 @@ mod tests {
 
     fn windows(text: &str) -> Vec<&str> {
         let mut out = Vec::new();
-        for_each_window(text, |w| out.push(&text[w.start..w.end]));
+        for_each_window(text, |_, _| true, |w| out.push(&text[w.start..w.end]));
         out
     }
 
@@ -300,13 +308,13 @@ mod tests {
     fn window_counts() {
         let text = "x 10.0.0.1:80 y";
         let mut ws = Vec::new();
-        for_each_window(text, |w| ws.push(*w));
+        for_each_window(text, |_, _| true, |w| ws.push(*w));
         assert_eq!(ws.len(), 1);
         let w = ws[0];
         assert_eq!((w.digits, w.dots, w.colons, w.len()), (7, 3, 1, 11));
         assert_eq!((w.max_run, w.zero_groups, w.double_colon), (2, 2, false));
         let mut ws = Vec::new();
-        for_each_window("(020) 7946 0958 fe80::1", |w| ws.push(*w));
+        for_each_window("(020) 7946 0958 fe80::1", |_, _| true, |w| ws.push(*w));
         assert_eq!((ws[0].spaces, ws[0].parens, ws[0].max_run), (2, 2, 4));
         assert!(ws[1].double_colon);
     }
@@ -314,8 +322,12 @@ mod tests {
     #[test]
     fn windows_stay_on_char_boundaries() {
         let text = "é4111 1111é 😀12:34😀";
-        for_each_window(text, |w| {
-            assert!(text.is_char_boundary(w.start) && text.is_char_boundary(w.end));
-        });
+        for_each_window(
+            text,
+            |_, _| true,
+            |w| {
+                assert!(text.is_char_boundary(w.start) && text.is_char_boundary(w.end));
+            },
+        );
     }
 }
