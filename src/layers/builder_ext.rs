@@ -9,6 +9,7 @@
 //! use tower::ServiceBuilder;
 //! use tower_agent::layers::ServiceBuilderExt;
 //! use tower_agent::layers::cache::CacheLayer;
+//! use tower_agent::layers::pii::MaskPiiLayer;
 //! use tower_agent::layers::retry::RetryPolicy;
 //! use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
 //!
@@ -19,6 +20,7 @@
 //!     .call_timeout(Duration::from_secs(30))
 //!     .fallback_models(["backup-model"])
 //!     .response_cache(CacheLayer::new())
+//!     .mask_pii(MaskPiiLayer::default())
 //!     .service(ScriptedModel::new([ScriptedTurn::text("Hello!")]));
 //! let agent = Agent::builder("assistant").model(model).build()?;
 //! assert_eq!(agent.run("Hi").await?.output, "Hello!");
@@ -32,6 +34,7 @@ use tower::ServiceBuilder;
 
 use super::cache::CacheLayer;
 use super::fallback::FallbackLayer;
+use super::pii::MaskPiiLayer;
 use super::rate_limit::ModelRateLimitLayer;
 use super::retry::{RetryLayer, RetryPolicy};
 use super::timeout::TimeoutLayer;
@@ -71,6 +74,10 @@ pub trait ServiceBuilderExt<L>: sealed::Sealed + Sized {
         self,
         layer: ModelRateLimitLayer,
     ) -> ServiceBuilder<Stack<ModelRateLimitLayer, L>>;
+
+    /// Masks PII in what the model reads and restores it in what it writes:
+    /// [`MaskPiiLayer`]. Put it last (innermost).
+    fn mask_pii(self, layer: MaskPiiLayer) -> ServiceBuilder<Stack<MaskPiiLayer, L>>;
 }
 
 impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
@@ -106,6 +113,10 @@ impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
         self,
         layer: ModelRateLimitLayer,
     ) -> ServiceBuilder<Stack<ModelRateLimitLayer, L>> {
+        self.layer(layer)
+    }
+
+    fn mask_pii(self, layer: MaskPiiLayer) -> ServiceBuilder<Stack<MaskPiiLayer, L>> {
         self.layer(layer)
     }
 }

@@ -8,6 +8,7 @@
 //! | [`FallbackLayer`](fallback::FallbackLayer) | [`fallback`] | model | moves to the next model or provider on provider errors |
 //! | [`CacheLayer`](cache::CacheLayer) | [`cache`] | model | answers identical calls from a store, at no usage |
 //! | [`ModelRateLimitLayer`](rate_limit::ModelRateLimitLayer) | [`rate_limit`] | model | requests and tokens per interval per model key, one quota shared by every clone |
+//! | [`MaskPiiLayer`](pii::MaskPiiLayer) | [`pii`] | model | masks PII in what the model reads, restores it in what it writes, streamed or not |
 //!
 //! The order the design card proposes, outermost first (a cache hit then never
 //! spends rate-limit capacity, and a retried call asks the limiter again):
@@ -51,6 +52,7 @@
 mod builder_ext;
 pub mod cache;
 pub mod fallback;
+pub mod pii;
 pub mod rate_limit;
 pub mod retry;
 pub mod timeout;

@@ -1,0 +1,366 @@
+//! [`MaskPii`]: the PII engine as the innermost layer of the model stack.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use serde_json::json;
+use tower::{Layer, Service};
+
+use super::{PiiBlocked, PiiConfig, PiiEngine, PiiSession, StreamRestorer};
+use crate::context::RunContext;
+use crate::error::{AgentError, BoxError};
+use crate::event::AgentEvent;
+use crate::request::{DeltaSink, ModelCall};
+use crate::types::{ContentPart, History, Message, MessageContent, ModelDelta, ModelResponse};
+
+/// Applies [`MaskPii`] to a model service. See the [module docs](super).
+#[derive(Debug, Clone)]
+pub struct MaskPiiLayer {
+    engine: PiiEngine,
+}
+
+impl MaskPiiLayer {
+    /// Masks what `config` detects.
+    pub fn new(config: PiiConfig) -> Self {
+        Self::with_engine(config.build())
+    }
+
+    /// Masks with an engine already built (and shared).
+    pub fn with_engine(engine: PiiEngine) -> Self {
+        Self { engine }
+    }
+}
+
+impl Default for MaskPiiLayer {
+    fn default() -> Self {
+        Self::with_engine(PiiEngine::default())
+    }
+}
+
+impl<S> Layer<S> for MaskPiiLayer {
+    type Service = MaskPii<S>;
+
+    fn layer(&self, inner: S) -> MaskPii<S> {
+        MaskPii {
+            inner,
+            engine: self.engine.clone(),
+        }
+    }
+}
+
+/// Masks PII in every message a model receives and restores it in what the
+/// model answers, streamed or not. See the [module docs](super).
+#[derive(Debug, Clone)]
+pub struct MaskPii<S> {
+    inner: S,
+    engine: PiiEngine,
+}
+
+impl<S> MaskPii<S> {
+    /// Wraps `inner`, masking what `engine` detects.
+    pub fn new(inner: S, engine: PiiEngine) -> Self {
+        Self { inner, engine }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+/// One run's masking state, kept in the run's context: the placeholder map
+/// (so placeholders stay the same across turns) and the masked history (so
+/// unchanged messages are not masked again).
+#[derive(Clone)]
+struct RunPii(Arc<Mutex<RunPiiState>>);
+
+struct RunPiiState {
+    session: Arc<PiiSession>,
+    /// How many messages of the run's history `masked` covers.
+    source_len: usize,
+    /// The digest of those messages, to tell an append from an edit.
+    source_digest: [u8; 16],
+    masked: History,
+}
+
+impl RunPii {
+    fn of(ctx: &RunContext, engine: &PiiEngine) -> RunPii {
+        ctx.with_state(|state| {
+            state
+                .get_or_insert_with(|| {
+                    RunPii(Arc::new(Mutex::new(RunPiiState {
+                        session: Arc::new(engine.session()),
+                        source_len: 0,
+                        source_digest: [0; 16],
+                        masked: History::new(),
+                    })))
+                })
+                .clone()
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RunPiiState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Masks `message`, counting the values replaced.
+fn mask_message(
+    session: &PiiSession,
+    message: &Message,
+    count: &mut usize,
+) -> Result<Message, PiiBlocked> {
+    let mut mask = |text: &str| -> Result<Option<String>, PiiBlocked> {
+        Ok(match session.mask(text)? {
+            std::borrow::Cow::Borrowed(_) => None,
+            std::borrow::Cow::Owned(masked) => {
+                *count += 1;
+                Some(masked)
+            }
+        })
+    };
+    let mut out = message.clone();
+    match &mut out.content {
+        Some(MessageContent::Text(text)) => {
+            if let Some(masked) = mask(text)? {
+                *text = masked;
+            }
+        }
+        Some(MessageContent::Parts(parts)) => {
+            for part in parts {
+                if let ContentPart::Text { text } = part {
+                    if let Some(masked) = mask(text)? {
+                        *text = masked;
+                    }
+                }
+            }
+        }
+        None => {}
+    }
+    for call in &mut out.tool_calls {
+        if let Some(masked) = mask(&call.arguments)? {
+            call.arguments = masked;
+        }
+    }
+    Ok(out)
+}
+
+/// Restores the placeholders of `message` in place.
+fn restore_message(session: &PiiSession, message: &mut Message) {
+    let restore = |text: &mut String| {
+        if let std::borrow::Cow::Owned(restored) = session.restore(text) {
+            *text = restored;
+        }
+    };
+    match &mut message.content {
+        Some(MessageContent::Text(text)) => restore(text),
+        Some(MessageContent::Parts(parts)) => {
+            for part in parts {
+                if let ContentPart::Text { text } = part {
+                    restore(text);
+                }
+            }
+        }
+        None => {}
+    }
+    for call in &mut message.tool_calls {
+        restore(&mut call.arguments);
+    }
+}
+
+/// The masked history for this call: the run's masked history, extended by
+/// the messages added since the last call (all of it again after an edit).
+fn masked_history(run: &RunPii, history: &History) -> Result<(History, usize), PiiBlocked> {
+    let mut state = run.lock();
+    let state = &mut *state;
+    let unchanged = state.source_len <= history.len()
+        && history.prefix_digest(state.source_len) == state.source_digest;
+    if !unchanged {
+        state.source_len = 0;
+        state.masked = History::new();
+    }
+    let mut count = 0;
+    let mut added = Vec::with_capacity(history.len() - state.source_len);
+    for message in &history[state.source_len..] {
+        added.push(mask_message(&state.session, message, &mut count)?);
+    }
+    state.masked.extend(added);
+    state.source_len = history.len();
+    state.source_digest = history.digest();
+    Ok((state.masked.clone(), count))
+}
+
+/// Restores streamed deltas through hold-back buffers: one for the text, one
+/// per tool call's arguments.
+struct StreamState {
+    text: StreamRestorer,
+    calls: HashMap<usize, StreamRestorer>,
+}
+
+fn restoring_sink(
+    sink: DeltaSink,
+    session: Arc<PiiSession>,
+) -> (DeltaSink, Arc<Mutex<StreamState>>) {
+    let state = Arc::new(Mutex::new(StreamState {
+        text: session.stream_restorer(),
+        calls: HashMap::new(),
+    }));
+    let shared = state.clone();
+    let restoring = sink.wrap(move |sink, delta| {
+        let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
+        match delta {
+            ModelDelta::Text { text } => {
+                let out = state.text.push(text);
+                if !out.is_empty() {
+                    sink.send(&ModelDelta::Text { text: out });
+                }
+            }
+            ModelDelta::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            } => {
+                let restorer = state
+                    .calls
+                    .entry(*index)
+                    .or_insert_with(|| session.stream_restorer());
+                sink.send(&ModelDelta::ToolCall {
+                    index: *index,
+                    id: id.clone(),
+                    name: name.clone(),
+                    arguments: restorer.push(arguments),
+                });
+            }
+            other => sink.send(other),
+        }
+    });
+    (restoring, state)
+}
+
+/// Sends what the restorers still hold.
+fn flush(sink: &DeltaSink, state: &Mutex<StreamState>, session: &Arc<PiiSession>) {
+    let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+    let text = std::mem::replace(&mut state.text, session.stream_restorer()).finish();
+    if !text.is_empty() {
+        sink.send(&ModelDelta::Text { text });
+    }
+    let mut calls: Vec<_> = state.calls.drain().collect();
+    calls.sort_by_key(|(index, _)| *index);
+    for (index, restorer) in calls {
+        let arguments = restorer.finish();
+        if !arguments.is_empty() {
+            sink.send(&ModelDelta::ToolCall {
+                index,
+                id: None,
+                name: None,
+                arguments,
+            });
+        }
+    }
+}
+
+impl<S> Service<ModelCall> for MaskPii<S>
+where
+    S: Service<ModelCall, Response = ModelResponse> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = ModelResponse;
+    type Error = BoxError;
+    type Future = future::ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut call: ModelCall) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let ctx = call.context.clone();
+        let run = RunPii::of(&ctx, &self.engine);
+        let session = run.lock().session.clone();
+        let (masked, count) = match masked_history(&run, &call.request.messages) {
+            Ok(masked) => masked,
+            Err(blocked) => {
+                let err: BoxError = Box::new(AgentError::Tripwire {
+                    middleware: "pii".into(),
+                    hook: "wrap_model".into(),
+                    reason: format!(
+                        "the conversation holds PII of a blocked kind: {}",
+                        blocked.kind.label()
+                    ),
+                    info: Some(json!({ "kind": blocked.kind.label() })),
+                });
+                return future::ResponseFuture::new(Box::pin(std::future::ready(Err(err))));
+            }
+        };
+        if count > 0 {
+            ctx.emit(|| AgentEvent::PiiMasked {
+                run_id: ctx.run_id().clone(),
+                count,
+            });
+        }
+        call.request.messages = masked;
+        let stream = call.stream.take().map(|sink| {
+            let (restoring, state) = restoring_sink(sink.clone(), session.clone());
+            call.stream = Some(restoring);
+            (sink, state)
+        });
+        let fut = inner.call(call);
+        future::ResponseFuture::new(Box::pin(async move {
+            let result = fut.await.map_err(Into::into);
+            if let Some((sink, state)) = &stream {
+                flush(sink, state, &session);
+            }
+            let mut response = result?;
+            restore_message(&session, &mut response.message);
+            Ok(response)
+        }))
+    }
+}
+
+/// The future of [`MaskPii`].
+pub mod future {
+    use super::*;
+
+    /// The response future of [`MaskPii`](super::MaskPii).
+    pub struct ResponseFuture {
+        inner: BoxFuture<'static, Result<ModelResponse, BoxError>>,
+    }
+
+    impl ResponseFuture {
+        pub(super) fn new(inner: BoxFuture<'static, Result<ModelResponse, BoxError>>) -> Self {
+            Self { inner }
+        }
+    }
+
+    impl fmt::Debug for ResponseFuture {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("ResponseFuture")
+        }
+    }
+
+    impl Future for ResponseFuture {
+        type Output = Result<ModelResponse, BoxError>;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            self.inner.as_mut().poll(cx)
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! [`PiiSession`]: masking and restoring with one placeholder map.
+
+use std::{
+    borrow::Cow,
+    collections::HashMap,
+    fmt::Write as _,
+    sync::{Arc, PoisonError, RwLock, RwLockReadGuard},
+};
+
+use sha2::{Digest, Sha256};
+
+use super::{config::Strategy, engine::PiiEngine, kind::PiiKind, stream::StreamRestorer};
+
+/// Masking refused a text because it holds PII whose strategy is
+/// [`Strategy::Block`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("text contains PII of a blocked kind: {kind}")]
+#[non_exhaustive]
+pub struct PiiBlocked {
+    /// The first blocked kind found in the text.
+    pub kind: PiiKind,
+}
+
+/// The placeholder ↔ value map of one session.
+#[derive(Debug, Default)]
+pub(crate) struct Vault {
+    /// label → value → placeholder.
+    by_value: HashMap<Arc<str>, HashMap<Arc<str>, Arc<str>>>,
+    /// placeholder → value.
+    by_placeholder: HashMap<Arc<str>, Arc<str>>,
+    /// label → last number handed out.
+    counters: HashMap<Arc<str>, u64>,
+    /// Length in bytes of the longest placeholder.
+    max_len: usize,
+}
+
+impl Vault {
+    fn placeholder(&mut self, label: &str, value: &str) -> Arc<str> {
+        if let Some(p) = self.by_value.get(label).and_then(|m| m.get(value)) {
+            return p.clone();
+        }
+        let label: Arc<str> = self
+            .counters
+            .get_key_value(label)
+            .map_or_else(|| Arc::from(label), |(k, _)| k.clone());
+        let n = self.counters.entry(label.clone()).or_insert(0);
+        *n += 1;
+        let placeholder: Arc<str> = Arc::from(format!("<{label}_{n}>"));
+        let value: Arc<str> = Arc::from(value);
+        self.max_len = self.max_len.max(placeholder.len());
+        self.by_placeholder
+            .insert(placeholder.clone(), value.clone());
+        self.by_value
+            .entry(label)
+            .or_default()
+            .insert(value, placeholder.clone());
+        placeholder
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.by_placeholder.is_empty()
+    }
+
+    pub(crate) fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Replaces the known placeholders of `text`. A placeholder is the text
+    /// from a `<` to the next `>` when no other `<` comes first; it is
+    /// replaced if the vault knows it, left as is otherwise.
+    pub(crate) fn restore<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        if self.is_empty() {
+            return Cow::Borrowed(text);
+        }
+        let bytes = text.as_bytes();
+        let mut out = String::new();
+        let mut copied = 0;
+        let mut from = 0;
+        while let Some(k) = text[from..].find('<') {
+            let open = from + k;
+            from = open + 1;
+            let limit = (open + self.max_len).min(bytes.len());
+            let Some(close) = bytes[open + 1..limit]
+                .iter()
+                .position(|&b| b == b'<' || b == b'>')
+                .map(|j| open + 1 + j)
+            else {
+                continue;
+            };
+            if bytes[close] != b'>' {
+                continue;
+            }
+            if let Some(value) = self.by_placeholder.get(&text[open..=close]) {
+                if out.is_empty() {
+                    out.reserve(text.len());
+                }
+                out.push_str(&text[copied..open]);
+                out.push_str(value);
+                copied = close + 1;
+                from = copied;
+            }
+        }
+        if copied == 0 {
+            Cow::Borrowed(text)
+        } else {
+            out.push_str(&text[copied..]);
+            Cow::Owned(out)
+        }
+    }
+}
+
+/// The placeholder map for one run (one conversation, one agent
+/// invocation): masks outgoing text and restores incoming text.
+///
+/// All methods take `&self`; the map sits behind an [`RwLock`], so share a
+/// session between tasks with `Arc<PiiSession>`. Masking takes the write lock
+/// only while it hands out placeholders; restoring only reads.
+///
+/// See the [module documentation](super) for the placeholder formats.
+#[derive(Debug)]
+pub struct PiiSession {
+    engine: PiiEngine,
+    vault: RwLock<Vault>,
+}
+
+impl PiiSession {
+    /// An empty session using `engine`.
+    pub fn new(engine: PiiEngine) -> Self {
+        PiiSession {
+            engine,
+            vault: RwLock::new(Vault::default()),
+        }
+    }
+
+    /// The engine this session detects with.
+    pub fn engine(&self) -> &PiiEngine {
+        &self.engine
+    }
+
+    /// Replaces the PII in `text` according to each kind's [`Strategy`].
+    ///
+    /// Returns the input unchanged (borrowed, no allocation) when nothing is
+    /// found. If any detection's strategy is [`Strategy::Block`], returns
+    /// [`PiiBlocked`] naming the first such kind, and the session is left
+    /// untouched.
+    pub fn mask<'a>(&self, text: &'a str) -> Result<Cow<'a, str>, PiiBlocked> {
+        let found = self.engine.detect(text);
+        if found.is_empty() {
+            return Ok(Cow::Borrowed(text));
+        }
+        let config = self.engine.config();
+        let strategies: Vec<Strategy> =
+            found.iter().map(|d| config.strategy_for(&d.kind)).collect();
+        if let Some(i) = strategies.iter().position(|s| *s == Strategy::Block) {
+            return Err(PiiBlocked {
+                kind: found[i].kind.clone(),
+            });
+        }
+        let mut vault = None;
+        let mut out = String::with_capacity(text.len() + 16 * found.len());
+        let mut last = 0;
+        for (d, strategy) in found.iter().zip(strategies) {
+            out.push_str(&text[last..d.range.start]);
+            last = d.range.end;
+            let value = &text[d.range.clone()];
+            let label = d.kind.label();
+            match strategy {
+                Strategy::Mask => {
+                    let vault = vault.get_or_insert_with(|| {
+                        self.vault.write().unwrap_or_else(PoisonError::into_inner)
+                    });
+                    out.push_str(&vault.placeholder(&label, value));
+                }
+                Strategy::Redact => {
+                    let _ = write!(out, "[REDACTED_{label}]");
+                }
+                Strategy::Hash => {
+                    let digest = Sha256::new()
+                        .chain_update(config.salt())
+                        .chain_update(value.as_bytes())
+                        .finalize();
+                    let _ = write!(out, "<{label}_");
+                    for b in &digest[..4] {
+                        let _ = write!(out, "{b:02x}");
+                    }
+                    out.push('>');
+                }
+                Strategy::Block => unreachable!("blocked texts returned above"),
+            }
+        }
+        out.push_str(&text[last..]);
+        Ok(Cow::Owned(out))
+    }
+
+    /// Replaces the placeholders this session handed out with their original
+    /// values. Placeholder-looking text the session does not know
+    /// (`<EMAIL_99>`, hashes, redactions) is left as is. Returns the input
+    /// borrowed when nothing is replaced.
+    pub fn restore<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        self.vault().restore(text)
+    }
+
+    /// A restorer for text arriving in chunks (a streamed model response).
+    pub fn stream_restorer(self: &Arc<Self>) -> StreamRestorer {
+        StreamRestorer::new(self.clone())
+    }
+
+    /// The original value behind `placeholder`, if this session handed it out.
+    pub fn value_of(&self, placeholder: &str) -> Option<Arc<str>> {
+        self.vault().by_placeholder.get(placeholder).cloned()
+    }
+
+    /// The number of placeholders handed out so far.
+    pub fn len(&self) -> usize {
+        self.vault().by_placeholder.len()
+    }
+
+    /// Whether no placeholder has been handed out yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn vault(&self) -> RwLockReadGuard<'_, Vault> {
+        self.vault.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+#[path = "session_tests.rs"]
+mod tests;
