@@ -5,12 +5,16 @@ pub mod context;
 pub mod error;
 pub mod event;
 pub mod hooks;
+pub mod lifecycle;
 pub mod request;
 pub mod service;
 pub mod types;
 
 pub use context::RunContext;
 pub use error::{tripwire, tripwire_with, AgentError, BoxError, ErrorKind, ProviderError};
+pub use lifecycle::{
+    from_fn, LifecycleLayer, Middleware, MiddlewareStack, ModelMiddleware, Runtime, ToolMiddleware,
+};
 pub use request::{DeltaSink, ModelCall, RunInput, RunRequest, ToolInvocation, ToolOutput};
 pub use service::{
     tool_fn, tool_fn_ctx, tool_sync, Agent, AgentBuilder, AgentTool, BoxAgent, BoxModel, BoxTool,

@@ -1,0 +1,537 @@
+//! Wrap middleware: [`ModelMiddleware`] and [`ToolMiddleware`] surround the
+//! call with a [`Next`] handler they may call 0..N times.
+
+use std::fmt;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use serde_json::Value;
+use tower::util::BoxCloneSyncService;
+use tower::{Service, ServiceExt};
+
+use super::invoke::{completed, name_tripwire, panic_message, panicked, started};
+use super::HookPoint;
+use crate::context::RunContext;
+use crate::error::BoxError;
+use crate::request::{ModelCall, ToolInvocation, ToolOutput};
+use crate::types::ModelResponse;
+
+/// Around each model call: proceed (`next.run(call)` once), short-circuit
+/// (answer without it), retry (call it in a loop, cloning `next`), or fall
+/// back (call it, then answer something else on error).
+///
+/// Push it with [`MiddlewareStack::push_model`](super::MiddlewareStack::push_model),
+/// or make it a tower layer with [`WrapModelLayer`].
+///
+/// ```
+/// use futures::future::BoxFuture;
+/// use tower_agent::lifecycle::{ModelMiddleware, ModelNext};
+/// use tower_agent::types::ModelResponse;
+/// use tower_agent::{BoxError, ModelCall};
+///
+/// /// Tries the call once more when it fails.
+/// struct RetryOnce;
+///
+/// impl ModelMiddleware for RetryOnce {
+///     fn name(&self) -> &str {
+///         "retry-once"
+///     }
+///
+///     fn wrap_model<'a>(&'a self, call: ModelCall, next: ModelNext) -> BoxFuture<'a, Result<ModelResponse, BoxError>> {
+///         Box::pin(async move {
+///             match next.clone().run(call.clone()).await {
+///                 Ok(response) => Ok(response),
+///                 Err(_) => next.run(call).await,
+///             }
+///         })
+///     }
+/// }
+/// ```
+pub trait ModelMiddleware: Send + Sync + 'static {
+    /// The name events and tripwires carry.
+    fn name(&self) -> &str;
+
+    /// Whether the run must hold each turn's text until `after_model` ran:
+    /// set it when the middleware retries or blocks answers whose text would
+    /// otherwise already have streamed.
+    fn holds_stream(&self) -> bool {
+        false
+    }
+
+    /// Wraps one model call.
+    fn wrap_model<'a>(
+        &'a self,
+        call: ModelCall,
+        next: ModelNext,
+    ) -> BoxFuture<'a, Result<ModelResponse, BoxError>>;
+}
+
+/// Around each tool call that passed approval: change the arguments, retry,
+/// or answer for the tool. Arguments it changes are validated against the
+/// tool's schema again, and the layers inside see `approved == false`: an
+/// approval never carries over to new arguments.
+///
+/// Push it with [`MiddlewareStack::push_tool`](super::MiddlewareStack::push_tool),
+/// or make it a tower layer with [`WrapToolLayer`].
+pub trait ToolMiddleware: Send + Sync + 'static {
+    /// The name events and tripwires carry.
+    fn name(&self) -> &str;
+
+    /// Wraps one tool call.
+    fn wrap_tool<'a>(
+        &'a self,
+        invocation: ToolInvocation,
+        next: ToolNext,
+    ) -> BoxFuture<'a, Result<ToolOutput, BoxError>>;
+}
+
+mod sealed {
+    #[allow(unreachable_pub)]
+    pub trait Sealed {}
+    impl Sealed for crate::ModelCall {}
+    impl Sealed for crate::ToolInvocation {}
+}
+
+/// A request wrap middleware can wrap: [`ModelCall`] or [`ToolInvocation`].
+pub trait WrapRequest: sealed::Sealed + Send + Sized + 'static {
+    /// What the call answers.
+    type Response: Send + 'static;
+    #[doc(hidden)]
+    type Snapshot: Clone + Send + Sync + 'static;
+
+    /// The run's context.
+    fn context(&self) -> &RunContext;
+
+    #[doc(hidden)]
+    fn wrap_hook() -> HookPoint;
+    #[doc(hidden)]
+    fn snapshot(&self) -> Self::Snapshot;
+    /// Called on the request a middleware hands to `next`, with what it was
+    /// handed itself.
+    #[doc(hidden)]
+    fn reconcile(&mut self, received: &Self::Snapshot);
+    /// Who a nameless tripwire from below the last middleware is put on.
+    #[doc(hidden)]
+    fn base_name(&self) -> String;
+}
+
+impl WrapRequest for ModelCall {
+    type Response = ModelResponse;
+    type Snapshot = ();
+
+    fn context(&self) -> &RunContext {
+        &self.context
+    }
+
+    fn wrap_hook() -> HookPoint {
+        HookPoint::WrapModel
+    }
+
+    fn snapshot(&self) {}
+
+    fn reconcile(&mut self, _received: &()) {}
+
+    fn base_name(&self) -> String {
+        format!("model:{}", self.request.model)
+    }
+}
+
+impl WrapRequest for ToolInvocation {
+    type Response = ToolOutput;
+    type Snapshot = (String, Value);
+
+    fn context(&self) -> &RunContext {
+        &self.context
+    }
+
+    fn wrap_hook() -> HookPoint {
+        HookPoint::WrapTool
+    }
+
+    fn snapshot(&self) -> (String, Value) {
+        (self.call.arguments.clone(), self.args.clone())
+    }
+
+    /// Keeps the argument text and the parsed arguments in step, whichever
+    /// the middleware changed, and withdraws the approval when they changed.
+    fn reconcile(&mut self, (text, args): &(String, Value)) {
+        let text_changed = self.call.arguments != *text;
+        let args_changed = self.args != *args;
+        if text_changed && !args_changed {
+            self.args = serde_json::from_str(&self.call.arguments).unwrap_or(Value::Null);
+        } else if args_changed && !text_changed {
+            self.call.arguments = self.args.to_string();
+        }
+        let changed = self.args != *args || (self.args.is_null() && self.call.arguments != *text);
+        if changed {
+            self.approved = false;
+        }
+    }
+
+    fn base_name(&self) -> String {
+        format!("tool:{}", self.call.name)
+    }
+}
+
+type BoxService<Req> = BoxCloneSyncService<Req, <Req as WrapRequest>::Response, BoxError>;
+
+/// One wrap middleware of a stack.
+pub(crate) trait Wrap<Req: WrapRequest>: Send + Sync + 'static {
+    fn wrap(&self, req: Req, next: Next<Req>) -> BoxFuture<'_, Result<Req::Response, BoxError>>;
+}
+
+pub(crate) struct ModelLink(pub(crate) Arc<dyn ModelMiddleware>);
+
+impl Wrap<ModelCall> for ModelLink {
+    fn wrap(
+        &self,
+        call: ModelCall,
+        next: ModelNext,
+    ) -> BoxFuture<'_, Result<ModelResponse, BoxError>> {
+        self.0.wrap_model(call, next)
+    }
+}
+
+pub(crate) struct ToolLink(pub(crate) Arc<dyn ToolMiddleware>);
+
+impl Wrap<ToolInvocation> for ToolLink {
+    fn wrap(
+        &self,
+        call: ToolInvocation,
+        next: ToolNext,
+    ) -> BoxFuture<'_, Result<ToolOutput, BoxError>> {
+        self.0.wrap_tool(call, next)
+    }
+}
+
+/// A named wrap middleware in a stack.
+pub(crate) struct Link<Req: WrapRequest> {
+    pub(crate) name: Arc<str>,
+    pub(crate) wrap: Arc<dyn Wrap<Req>>,
+}
+
+impl<Req: WrapRequest> Clone for Link<Req> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            wrap: self.wrap.clone(),
+        }
+    }
+}
+
+/// The rest of the stack below a wrap middleware: what `next` calls.
+///
+/// Call [`run`](Self::run) once to proceed, never to answer yourself, or on
+/// clones to call it again (retry, fallback). Each run drives the service it
+/// calls to readiness first.
+///
+/// # Clone
+///
+/// A clone calls the same rest of the stack; it is made ready when run.
+pub struct Next<Req: WrapRequest> {
+    rest: Rest<Req>,
+    /// The request the middleware was handed, to compare with what it hands on.
+    received: Option<Req::Snapshot>,
+}
+
+enum Rest<Req: WrapRequest> {
+    Service(BoxService<Req>),
+    Chain {
+        links: Arc<[Link<Req>]>,
+        index: usize,
+        base: BoxService<Req>,
+    },
+}
+
+/// The `next` of a [`ModelMiddleware`].
+pub type ModelNext = Next<ModelCall>;
+
+/// The `next` of a [`ToolMiddleware`].
+pub type ToolNext = Next<ToolInvocation>;
+
+impl<Req: WrapRequest> Next<Req> {
+    /// A `next` calling `service`, for a middleware handed `received`.
+    pub(crate) fn service(service: BoxService<Req>, received: &Req) -> Self {
+        Self {
+            rest: Rest::Service(service),
+            received: Some(received.snapshot()),
+        }
+    }
+
+    /// The chain `links` (the first outermost) around `base`.
+    pub(crate) fn chain(links: Arc<[Link<Req>]>, base: BoxService<Req>) -> Self {
+        Self {
+            rest: Rest::Chain {
+                links,
+                index: 0,
+                base,
+            },
+            received: None,
+        }
+    }
+
+    /// Calls the rest of the stack with `req`.
+    ///
+    /// # Errors
+    ///
+    /// What the rest of the stack fails with.
+    pub async fn run(self, mut req: Req) -> Result<Req::Response, BoxError> {
+        if let Some(received) = &self.received {
+            req.reconcile(received);
+        }
+        match self.rest {
+            Rest::Service(service) => call_base(service, req).await,
+            Rest::Chain { links, index, base } => match links.get(index).cloned() {
+                None => call_base(base, req).await,
+                Some(link) => {
+                    let received = Some(req.snapshot());
+                    let next = Next {
+                        rest: Rest::Chain {
+                            links,
+                            index: index + 1,
+                            base,
+                        },
+                        received,
+                    };
+                    let ctx = req.context().clone();
+                    guarded(&ctx, &link.name, Req::wrap_hook(), || {
+                        link.wrap.wrap(req, next)
+                    })
+                    .await
+                }
+            },
+        }
+    }
+}
+
+impl<Req: WrapRequest> Clone for Next<Req> {
+    fn clone(&self) -> Self {
+        Self {
+            rest: match &self.rest {
+                Rest::Service(service) => Rest::Service(service.clone()),
+                Rest::Chain { links, index, base } => Rest::Chain {
+                    links: links.clone(),
+                    index: *index,
+                    base: base.clone(),
+                },
+            },
+            received: self.received.clone(),
+        }
+    }
+}
+
+impl<Req: WrapRequest> fmt::Debug for Next<Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Next");
+        if let Rest::Chain { links, index, .. } = &self.rest {
+            let rest: Vec<&str> = links[*index..].iter().map(|l| &*l.name).collect();
+            d.field("middleware", &rest);
+        }
+        d.finish_non_exhaustive()
+    }
+}
+
+/// Calls the service below the last middleware: made ready first; a panic
+/// becomes an error, and a nameless tripwire names the model or the tool.
+async fn call_base<Req: WrapRequest>(
+    mut service: BoxService<Req>,
+    req: Req,
+) -> Result<Req::Response, BoxError> {
+    let base = req.base_name();
+    service.ready().await?;
+    match AssertUnwindSafe(service.call(req)).catch_unwind().await {
+        Ok(result) => result.map_err(|e| name_tripwire(e, &base, "call")),
+        Err(panic) => Err(format!("`{base}` panicked: {}", panic_message(&*panic)).into()),
+    }
+}
+
+/// Runs one wrap middleware: events around it, its panic a typed error, its
+/// nameless tripwire named after it.
+pub(crate) async fn guarded<R, F>(
+    ctx: &RunContext,
+    name: &Arc<str>,
+    hook: HookPoint,
+    make: impl FnOnce() -> F,
+) -> Result<R, BoxError>
+where
+    F: Future<Output = Result<R, BoxError>>,
+{
+    started(ctx, name, hook);
+    let result = match catch_unwind(AssertUnwindSafe(make)) {
+        Ok(future) => AssertUnwindSafe(future).catch_unwind().await,
+        Err(panic) => Err(panic),
+    };
+    match result {
+        Ok(Ok(response)) => {
+            completed(ctx, name, hook, "ok");
+            Ok(response)
+        }
+        Ok(Err(err)) => {
+            completed(ctx, name, hook, "error");
+            Err(name_tripwire(err, name, hook.as_str()))
+        }
+        Err(panic) => {
+            completed(ctx, name, hook, "panic");
+            Err(Box::new(panicked(name, hook, &*panic)))
+        }
+    }
+}
+
+/// A [`ModelMiddleware`] as a tower [`Layer`](tower::Layer) over any model
+/// service. See the [module docs](super) for an example.
+#[derive(Clone)]
+pub struct WrapModelLayer {
+    name: Arc<str>,
+    link: Arc<ModelLink>,
+}
+
+impl WrapModelLayer {
+    /// A layer running `middleware` around the service it wraps.
+    pub fn new(middleware: impl ModelMiddleware) -> Self {
+        let middleware: Arc<dyn ModelMiddleware> = Arc::new(middleware);
+        Self {
+            name: Arc::from(middleware.name()),
+            link: Arc::new(ModelLink(middleware)),
+        }
+    }
+}
+
+impl fmt::Debug for WrapModelLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WrapModelLayer")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// A [`ToolMiddleware`] as a tower [`Layer`](tower::Layer) over any tool
+/// service.
+#[derive(Clone)]
+pub struct WrapToolLayer {
+    name: Arc<str>,
+    link: Arc<ToolLink>,
+}
+
+impl WrapToolLayer {
+    /// A layer running `middleware` around the service it wraps.
+    pub fn new(middleware: impl ToolMiddleware) -> Self {
+        let middleware: Arc<dyn ToolMiddleware> = Arc::new(middleware);
+        Self {
+            name: Arc::from(middleware.name()),
+            link: Arc::new(ToolLink(middleware)),
+        }
+    }
+}
+
+impl fmt::Debug for WrapToolLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WrapToolLayer")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+macro_rules! wrap_service {
+    ($layer:ident, $service:ident, $link:ident, $req:ty, $doc:literal) => {
+        #[doc = $doc]
+        #[derive(Clone)]
+        pub struct $service<S> {
+            inner: S,
+            name: Arc<str>,
+            link: Arc<$link>,
+        }
+
+        impl<S> $service<S> {
+            /// The inner service.
+            pub fn get_ref(&self) -> &S {
+                &self.inner
+            }
+
+            /// The inner service, mutably.
+            pub fn get_mut(&mut self) -> &mut S {
+                &mut self.inner
+            }
+
+            /// The inner service.
+            pub fn into_inner(self) -> S {
+                self.inner
+            }
+        }
+
+        impl<S> fmt::Debug for $service<S> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($service))
+                    .field("name", &self.name)
+                    .finish_non_exhaustive()
+            }
+        }
+
+        impl<S> tower::Layer<S> for $layer {
+            type Service = $service<S>;
+
+            fn layer(&self, inner: S) -> $service<S> {
+                $service {
+                    inner,
+                    name: self.name.clone(),
+                    link: self.link.clone(),
+                }
+            }
+        }
+
+        impl<S> Service<$req> for $service<S>
+        where
+            S: Service<$req, Response = <$req as WrapRequest>::Response>
+                + Clone
+                + Send
+                + Sync
+                + 'static,
+            S::Error: Into<BoxError>,
+            S::Future: Send + 'static,
+        {
+            type Response = <$req as WrapRequest>::Response;
+            type Error = BoxError;
+            type Future = super::future::ResponseFuture<Self::Response>;
+
+            fn poll_ready(
+                &mut self,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Result<(), BoxError>> {
+                self.inner.poll_ready(cx).map_err(Into::into)
+            }
+
+            fn call(&mut self, req: $req) -> Self::Future {
+                // Take the service that was made ready; leave a clone behind.
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                let next = Next::service(BoxCloneSyncService::new(ready.map_err(Into::into)), &req);
+                let name = self.name.clone();
+                let link = self.link.clone();
+                super::future::ResponseFuture::new(async move {
+                    let ctx = req.context().clone();
+                    guarded(&ctx, &name, <$req as WrapRequest>::wrap_hook(), || {
+                        link.wrap(req, next)
+                    })
+                    .await
+                })
+            }
+        }
+    };
+}
+
+wrap_service!(
+    WrapModelLayer,
+    WrapModel,
+    ModelLink,
+    ModelCall,
+    "A model service wrapped in a [`ModelMiddleware`]; made by [`WrapModelLayer`]."
+);
+wrap_service!(
+    WrapToolLayer,
+    WrapTool,
+    ToolLink,
+    ToolInvocation,
+    "A tool service wrapped in a [`ToolMiddleware`]; made by [`WrapToolLayer`]."
+);
