@@ -124,7 +124,9 @@ pub enum AgentEvent {
         middleware: Arc<str>,
         /// The hook.
         hook: &'static str,
-        /// `ok`, `error` or `panic`.
+        /// `ok`, `error`, `panic`, or `cancelled` when the invocation was
+        /// dropped before it ended (a sibling tool call failed, the run was
+        /// dropped).
         outcome: &'static str,
     },
     /// A fail-open middleware's error, logged instead of failing the run.

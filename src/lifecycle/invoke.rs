@@ -64,6 +64,42 @@ pub(crate) fn completed(ctx: &RunContext, name: &Arc<str>, hook: HookPoint, outc
     });
 }
 
+/// The `MiddlewareStarted` of one invocation, which owes its
+/// `MiddlewareCompleted`: if the invocation's future is dropped before it
+/// closes (a sibling tool call failed, the run was dropped), the drop emits
+/// it with outcome `cancelled`, so the pair stays balanced.
+pub(crate) struct Bracket<'a> {
+    ctx: &'a RunContext,
+    name: &'a Arc<str>,
+    hook: HookPoint,
+    open: bool,
+}
+
+impl<'a> Bracket<'a> {
+    pub(crate) fn open(ctx: &'a RunContext, name: &'a Arc<str>, hook: HookPoint) -> Self {
+        started(ctx, name, hook);
+        Self {
+            ctx,
+            name,
+            hook,
+            open: true,
+        }
+    }
+
+    pub(crate) fn close(mut self, outcome: &'static str) {
+        self.open = false;
+        completed(self.ctx, self.name, self.hook, outcome);
+    }
+}
+
+impl Drop for Bracket<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            completed(self.ctx, self.name, self.hook, "cancelled");
+        }
+    }
+}
+
 /// Logs an error that must not fail the run (fail-open, `on_error`,
 /// `after_agent`).
 pub(crate) fn log_ignored(ctx: &RunContext, name: &Arc<str>, hook: HookPoint, err: &AgentError) {
@@ -213,14 +249,11 @@ pub(crate) async fn invoke<'h, T>(
             .into(),
         });
     }
-    let result = match kind {
+    let (bracket, result) = match kind {
         HookKind::Skip => return Ok(None),
-        HookKind::Ready(result) => {
-            started(ctx, &entry.name, hook);
-            result
-        }
+        HookKind::Ready(result) => (Bracket::open(ctx, &entry.name, hook), result),
         HookKind::Pending(future) => {
-            started(ctx, &entry.name, hook);
+            let bracket = Bracket::open(ctx, &entry.name, hook);
             let guarded = AssertUnwindSafe(future).catch_unwind();
             let outcome = if matches!(hook, HookPoint::OnError | HookPoint::AfterAgent) {
                 // Closing hooks run after a cancellation too: they decide.
@@ -229,13 +262,13 @@ pub(crate) async fn invoke<'h, T>(
                 race(ctx, guarded).await
             };
             match outcome {
-                Ok(Ok(result)) => result,
+                Ok(Ok(result)) => (bracket, result),
                 Ok(Err(panic)) => {
-                    completed(ctx, &entry.name, hook, "panic");
+                    bracket.close("panic");
                     return fail(entry, ctx, hook, panicked(&entry.name, hook, &*panic));
                 }
                 Err(stopped) => {
-                    completed(ctx, &entry.name, hook, "error");
+                    bracket.close("error");
                     return Err(stopped);
                 }
             }
@@ -244,11 +277,11 @@ pub(crate) async fn invoke<'h, T>(
     ctx.attribute_stop(&entry.name);
     match result {
         Ok(value) => {
-            completed(ctx, &entry.name, hook, "ok");
+            bracket.close("ok");
             Ok(Some(value))
         }
         Err(err) => {
-            completed(ctx, &entry.name, hook, "error");
+            bracket.close("error");
             fail(entry, ctx, hook, attribute(err, &entry.name, hook))
         }
     }

@@ -9,7 +9,7 @@ use tower::{Service, ServiceExt};
 use super::delta::tool_call;
 use super::stack::Stack;
 use super::{LifecycleLayer, MiddlewareStack};
-use crate::error::{kind_of, AgentError, BoxError, ErrorKind};
+use crate::error::{AgentError, BoxError};
 use crate::request::{RunRequest, ToolInvocation, ToolOutput};
 use crate::service::{box_tool, Agent};
 use crate::types::AgentRun;
@@ -100,21 +100,6 @@ impl Runtime {
         S::Error: Into<BoxError>,
         S::Future: Send + 'static,
     {
-        let name = invocation.call.name.clone();
-        let tools = tools
-            .map_err(|e: S::Error| -> BoxError { e.into() })
-            .map_result(move |result: Result<ToolOutput, BoxError>| match result {
-                Ok(output) => Ok(output),
-                Err(err) => match kind_of(err.as_ref()) {
-                    ErrorKind::Tripwire
-                    | ErrorKind::Cancelled
-                    | ErrorKind::Middleware
-                    | ErrorKind::Approval => Err(err),
-                    _ => Ok(ToolOutput::error(format!(
-                        "The tool `{name}` failed: {err}"
-                    ))),
-                },
-            });
         tool_call(self.stack.clone(), invocation, box_tool(tools))
             .await
             .map_err(AgentError::classify)

@@ -12,10 +12,10 @@ use serde_json::Value;
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 
-use super::invoke::{completed, name_tripwire, panic_message, panicked, started};
+use super::invoke::{attribute, name_tripwire, panic_message, panicked, Bracket};
 use super::HookPoint;
 use crate::context::RunContext;
-use crate::error::BoxError;
+use crate::error::{AgentError, BoxError, ErrorKind};
 use crate::request::{ModelCall, ToolInvocation, ToolOutput};
 use crate::types::ModelResponse;
 
@@ -116,6 +116,13 @@ pub trait WrapRequest: sealed::Sealed + Send + Sized + 'static {
     /// Who a nameless tripwire from below the last middleware is put on.
     #[doc(hidden)]
     fn base_name(&self) -> String;
+    /// What an error of the service below a lifecycle chain becomes: a tool's
+    /// failure is an error result the middleware (and the model) read.
+    #[doc(hidden)]
+    fn recover(base: &str, err: BoxError) -> Result<Self::Response, BoxError>;
+    /// What the error of a middleware in a lifecycle chain becomes.
+    #[doc(hidden)]
+    fn link_error(err: BoxError, name: &str) -> BoxError;
 }
 
 impl WrapRequest for ModelCall {
@@ -136,6 +143,15 @@ impl WrapRequest for ModelCall {
 
     fn base_name(&self) -> String {
         format!("model:{}", self.request.model)
+    }
+
+    fn recover(_base: &str, err: BoxError) -> Result<ModelResponse, BoxError> {
+        // Retry and fallback middleware must see the model's failures.
+        Err(err)
+    }
+
+    fn link_error(err: BoxError, name: &str) -> BoxError {
+        name_tripwire(err, name, HookPoint::WrapModel.as_str())
     }
 }
 
@@ -173,6 +189,25 @@ impl WrapRequest for ToolInvocation {
 
     fn base_name(&self) -> String {
         format!("tool:{}", self.call.name)
+    }
+
+    fn recover(base: &str, err: BoxError) -> Result<ToolOutput, BoxError> {
+        let err = AgentError::classify(err);
+        match err.kind() {
+            ErrorKind::Tripwire
+            | ErrorKind::Cancelled
+            | ErrorKind::Middleware
+            | ErrorKind::Approval
+            | ErrorKind::HistoryIntegrity => Err(Box::new(err)),
+            _ => Ok(ToolOutput::error(format!(
+                "The tool `{}` failed: {err}",
+                base.trim_start_matches("tool:")
+            ))),
+        }
+    }
+
+    fn link_error(err: BoxError, name: &str) -> BoxError {
+        Box::new(attribute(err, name, HookPoint::WrapTool))
     }
 }
 
@@ -283,9 +318,9 @@ impl<Req: WrapRequest> Next<Req> {
             req.reconcile(received);
         }
         match self.rest {
-            Rest::Service(service) => call_base(service, req).await,
+            Rest::Service(service) => call_base(service, req, false).await,
             Rest::Chain { links, index, base } => match links.get(index).cloned() {
-                None => call_base(base, req).await,
+                None => call_base(base, req, true).await,
                 Some(link) => {
                     let received = Some(req.snapshot());
                     let next = Next {
@@ -301,6 +336,7 @@ impl<Req: WrapRequest> Next<Req> {
                         link.wrap.wrap(req, next)
                     })
                     .await
+                    .map_err(|err| Req::link_error(err, &link.name))
                 }
             },
         }
@@ -336,15 +372,23 @@ impl<Req: WrapRequest> fmt::Debug for Next<Req> {
 
 /// Calls the service below the last middleware: made ready first; a panic
 /// becomes an error, and a nameless tripwire names the model or the tool.
+/// Below a lifecycle chain (`recover`), a tool's failure becomes the error
+/// result the model would read, so that what a middleware fails with is its
+/// own error.
 async fn call_base<Req: WrapRequest>(
     mut service: BoxService<Req>,
     req: Req,
+    recover: bool,
 ) -> Result<Req::Response, BoxError> {
     let base = req.base_name();
     service.ready().await?;
-    match AssertUnwindSafe(service.call(req)).catch_unwind().await {
+    let result = match AssertUnwindSafe(service.call(req)).catch_unwind().await {
         Ok(result) => result.map_err(|e| name_tripwire(e, &base, "call")),
         Err(panic) => Err(format!("`{base}` panicked: {}", panic_message(&*panic)).into()),
+    };
+    match result {
+        Err(err) if recover => Req::recover(&base, err),
+        result => result,
     }
 }
 
@@ -359,22 +403,22 @@ pub(crate) async fn guarded<R, F>(
 where
     F: Future<Output = Result<R, BoxError>>,
 {
-    started(ctx, name, hook);
+    let bracket = Bracket::open(ctx, name, hook);
     let result = match catch_unwind(AssertUnwindSafe(make)) {
         Ok(future) => AssertUnwindSafe(future).catch_unwind().await,
         Err(panic) => Err(panic),
     };
     match result {
         Ok(Ok(response)) => {
-            completed(ctx, name, hook, "ok");
+            bracket.close("ok");
             Ok(response)
         }
         Ok(Err(err)) => {
-            completed(ctx, name, hook, "error");
+            bracket.close("error");
             Err(name_tripwire(err, name, hook.as_str()))
         }
         Err(panic) => {
-            completed(ctx, name, hook, "panic");
+            bracket.close("panic");
             Err(Box::new(panicked(name, hook, &*panic)))
         }
     }
