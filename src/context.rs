@@ -371,7 +371,7 @@ impl RunContext {
     /// `before_agent` hooks itself and will run the closing hooks; `context`
     /// is what those hooks added after the system prompt. The run loop then
     /// takes that context instead of calling
-    /// [`RunHooks::start_run`](crate::hooks::RunHooks::start_run), and leaves
+    /// [`RunHooks::start_run`], and leaves
     /// [`end_run`](crate::hooks::RunHooks::end_run) to the layer. A second
     /// layer on the same run adds its context to the first one's.
     pub fn mark_bracketed(&self, context: Vec<String>) {

@@ -7,9 +7,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::{ready, Ready};
-use lifecycle_support::{
-    observed, outcomes, run_with, unbalanced, Act, Log, Lookup, Recorder,
-};
+use lifecycle_support::{observed, outcomes, run_with, unbalanced, Act, Log, Lookup, Recorder};
 use serde_json::json;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_agent::event::AgentEvent;
@@ -51,7 +49,11 @@ impl Service<ToolInvocation> for StreamingTool {
 /// or fallback layer would.
 fn everything_agent() -> Agent {
     let scripted = ScriptedModel::from_fn(|request| {
-        if request.messages.last().is_some_and(|m| m.role == Role::Tool) {
+        if request
+            .messages
+            .last()
+            .is_some_and(|m| m.role == Role::Tool)
+        {
             ScriptedTurn::text("done")
         } else {
             ScriptedTurn::tool_calls([
@@ -107,9 +109,13 @@ fn streamed(ctx: RunContext) -> RunRequest {
 async fn the_scenario_reaches_every_hook_point() {
     let log = Log::default();
     let (ctx, sink) = observed();
-    let run = run_with(everything_agent(), Recorder::new("r", &log).stack(), streamed(ctx))
-        .await
-        .unwrap();
+    let run = run_with(
+        everything_agent(),
+        Recorder::new("r", &log).stack(),
+        streamed(ctx),
+    )
+    .await
+    .unwrap();
     assert_eq!(run.output, "done");
     let entries = log.entries();
     for hook in HookPoint::ALL {
@@ -167,24 +173,42 @@ async fn events_stay_balanced_under_errors_and_panics_at_every_hook() {
                     HookPoint::WrapModel if act == Act::Fail => {
                         // A model wrap middleware's error passes on as it is.
                         let err = result.unwrap_err();
-                        assert!(err.to_string().contains("target failed in wrap_model"), "{label}: {err}");
+                        assert!(
+                            err.to_string().contains("target failed in wrap_model"),
+                            "{label}: {err}"
+                        );
                     }
                     _ => {
                         let err = result.unwrap_err();
-                        let AgentError::Middleware { middleware, hook: h, source } = &err else {
+                        let AgentError::Middleware {
+                            middleware,
+                            hook: h,
+                            source,
+                        } = &err
+                        else {
                             panic!("{label}: expected a middleware error, got {err:?}");
                         };
-                        assert_eq!((middleware.as_str(), h.as_str()), ("target", hook.as_str()), "{label}");
+                        assert_eq!(
+                            (middleware.as_str(), h.as_str()),
+                            ("target", hook.as_str()),
+                            "{label}"
+                        );
                         assert_eq!(err.code(), "MIDDLEWARE_FAILED");
                         if act == Act::Panic {
-                            assert!(source.to_string().starts_with("panicked: target panicked"), "{label}: {source}");
+                            assert!(
+                                source.to_string().starts_with("panicked: target panicked"),
+                                "{label}: {source}"
+                            );
                         }
                     }
                 }
 
                 let expected = if act == Act::Fail { "error" } else { "panic" };
                 if matches!(hook, HookPoint::OnModelDelta | HookPoint::OnToolDelta) {
-                    assert!(outcomes(&events, hook.as_str()).is_empty(), "{label}: delta hooks emit no events");
+                    assert!(
+                        outcomes(&events, hook.as_str()).is_empty(),
+                        "{label}: delta hooks emit no events"
+                    );
                 } else {
                     assert!(
                         outcomes(&events, hook.as_str()).contains(&expected),
@@ -194,7 +218,9 @@ async fn events_stay_balanced_under_errors_and_panics_at_every_hook() {
                 }
                 // Every middleware was told the run ended.
                 assert!(
-                    log.entries().iter().any(|e| e.starts_with("target:after_agent:")),
+                    log.entries()
+                        .iter()
+                        .any(|e| e.starts_with("target:after_agent:")),
                     "{label}"
                 );
             }
@@ -207,14 +233,19 @@ async fn on_model_delta_runs_per_delta_without_events() {
     let logging = LoggingMiddleware::new();
     let (ctx, sink) = observed();
     let agent = Agent::builder("a")
-        .model(ScriptedModel::new([
-            ScriptedTurn::text("a long enough answer").chunk_chars(4)
-        ]))
+        .model(ScriptedModel::new([ScriptedTurn::text(
+            "a long enough answer",
+        )
+        .chunk_chars(4)]))
         .build()
         .unwrap();
-    run_with(agent, MiddlewareStack::new().push(logging.clone()), streamed(ctx))
-        .await
-        .unwrap();
+    run_with(
+        agent,
+        MiddlewareStack::new().push(logging.clone()),
+        streamed(ctx),
+    )
+    .await
+    .unwrap();
     assert_eq!(logging.counts().get(HookPoint::OnModelDelta), 5);
     assert!(outcomes(&sink.events(), "on_model_delta").is_empty());
     assert_eq!(outcomes(&sink.events(), "before_model"), ["ok"]);
@@ -237,8 +268,10 @@ async fn on_error_reaches_every_middleware_and_cannot_mask_the_error() {
     let err = run_with(agent, stack, RunRequest::new("go").context(ctx))
         .await
         .unwrap_err();
-    assert!(matches!(&err, AgentError::Middleware { middleware, hook, .. }
-        if middleware == "b" && hook == "before_model"));
+    assert!(
+        matches!(&err, AgentError::Middleware { middleware, hook, .. }
+        if middleware == "b" && hook == "before_model")
+    );
     let entries = log.entries();
     // c never saw before_model: b short-circuited.
     assert!(!entries.contains(&"c:before_model".to_owned()));
@@ -303,7 +336,15 @@ async fn an_after_agent_error_is_logged_and_the_next_still_runs() {
     let failed_open = sink
         .events()
         .iter()
-        .filter(|e| matches!(e, AgentEvent::MiddlewareFailedOpen { hook: "after_agent", .. }))
+        .filter(|e| {
+            matches!(
+                e,
+                AgentEvent::MiddlewareFailedOpen {
+                    hook: "after_agent",
+                    ..
+                }
+            )
+        })
         .count();
     assert_eq!(failed_open, 2);
     assert!(unbalanced(&sink.events()).is_empty());
@@ -344,9 +385,13 @@ async fn a_fail_open_middleware_never_fails_the_run_but_its_tripwire_does() {
     let guard = Recorder::new("open-guard", &log)
         .fail_open()
         .at(HookPoint::BeforeModel, Act::Trip);
-    let err = run_with(agent(), MiddlewareStack::new().push(guard), RunRequest::new("go"))
-        .await
-        .unwrap_err();
+    let err = run_with(
+        agent(),
+        MiddlewareStack::new().push(guard),
+        RunRequest::new("go"),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(err.code(), "GUARDRAIL_TRIPPED");
 }
 
@@ -381,8 +426,8 @@ fn bracket_counts(log: &Log) -> (usize, usize, usize) {
 #[tokio::test]
 async fn the_bracket_closes_once_when_the_inner_service_fails() {
     let log = Log::default();
-    let service = LifecycleLayer::new(MiddlewareStack::new().push(Recorder::new("m", &log)))
-        .layer(Broken);
+    let service =
+        LifecycleLayer::new(MiddlewareStack::new().push(Recorder::new("m", &log))).layer(Broken);
     let err = service.oneshot(RunRequest::new("go")).await.unwrap_err();
     assert_eq!(err.to_string(), "the backend is down");
     assert_eq!(bracket_counts(&log), (1, 1, 1));
@@ -465,9 +510,13 @@ async fn debug_builds_catch_an_override_left_out_of_hooks() {
         .model(ScriptedModel::new([ScriptedTurn::text("hi")]))
         .build()
         .unwrap();
-    let err = run_with(agent, MiddlewareStack::new().push(Undeclared), RunRequest::new("go"))
-        .await
-        .unwrap_err();
+    let err = run_with(
+        agent,
+        MiddlewareStack::new().push(Undeclared),
+        RunRequest::new("go"),
+    )
+    .await
+    .unwrap_err();
     assert!(
         matches!(&err, AgentError::Middleware { middleware, hook, source }
             if middleware == "undeclared" && hook == "after_model" && source.to_string().contains("HookSet::AFTER_MODEL")),

@@ -5,16 +5,18 @@ mod lifecycle_support;
 use lifecycle_support::{lookup_tools, run_with, Log, Recorder};
 use proptest::prelude::*;
 use tower::{Layer, ServiceExt};
-use tower_agent::lifecycle::{
-    LifecycleLayer, MiddlewareStack, RunRequestExt, Runtime,
-};
+use tower_agent::lifecycle::{LifecycleLayer, MiddlewareStack, RunRequestExt, Runtime};
 use tower_agent::types::Role;
 use tower_agent::{Agent, AgentTool, RunRequest, ScriptedModel, ScriptedTurn, ToolRouter};
 
 /// A model that calls `lookup` once, then answers.
 fn one_tool_model() -> ScriptedModel {
     ScriptedModel::from_fn(|request| {
-        if request.messages.last().is_some_and(|m| m.role == Role::Tool) {
+        if request
+            .messages
+            .last()
+            .is_some_and(|m| m.role == Role::Tool)
+        {
             ScriptedTurn::text("done")
         } else {
             ScriptedTurn::tool_call("lookup", r#"{"id": "7"}"#)
@@ -33,7 +35,12 @@ fn agent() -> Agent {
 /// The hook sequence of a one-tool run for middleware registered in `names`
 /// order.
 fn onion(names: &[String]) -> Vec<String> {
-    let fwd = |hook: &str| names.iter().map(|n| format!("{n}:{hook}")).collect::<Vec<_>>();
+    let fwd = |hook: &str| {
+        names
+            .iter()
+            .map(|n| format!("{n}:{hook}"))
+            .collect::<Vec<_>>()
+    };
     let rev = |hook: &str| {
         names
             .iter()
@@ -95,7 +102,9 @@ async fn async_hooks_keep_the_onion() {
         .pending()
         .stack()
         .extend(Recorder::new("y", &log).pending().stack());
-    run_with(agent(), stack, RunRequest::new("go")).await.unwrap();
+    run_with(agent(), stack, RunRequest::new("go"))
+        .await
+        .unwrap();
     assert_eq!(log.entries(), onion(&names));
 }
 
@@ -156,7 +165,9 @@ async fn nested_runs_inherit_hooks_outermost() {
         .model(ScriptedModel::new([ScriptedTurn::text("child says hi")]))
         .build()
         .unwrap();
-    let child = runtime.layer(Recorder::new("child-mw", &log).stack()).layer(child);
+    let child = runtime
+        .layer(Recorder::new("child-mw", &log).stack())
+        .layer(child);
     let parent = Agent::builder("parent")
         .model(ScriptedModel::new([
             ScriptedTurn::tool_call("ask_child", r#"{"input": "hi"}"#),
@@ -165,14 +176,22 @@ async fn nested_runs_inherit_hooks_outermost() {
         .tools(ToolRouter::new().tool(AgentTool::new("ask_child", "Asks the child", child)))
         .build()
         .unwrap();
-    let parent = runtime.layer(Recorder::new("parent-mw", &log).stack()).layer(parent);
+    let parent = runtime
+        .layer(Recorder::new("parent-mw", &log).stack())
+        .layer(parent);
     let run = parent.oneshot(RunRequest::new("go")).await.unwrap();
     assert_eq!(run.output, "parent done");
 
     let entries = log.entries();
     // The child run: between the parent's wrap_tool and its end.
-    let start = entries.iter().position(|e| e == "parent-mw:wrap_tool").unwrap();
-    let end = entries.iter().position(|e| e == "parent-mw:wrap_tool:end").unwrap();
+    let start = entries
+        .iter()
+        .position(|e| e == "parent-mw:wrap_tool")
+        .unwrap();
+    let end = entries
+        .iter()
+        .position(|e| e == "parent-mw:wrap_tool:end")
+        .unwrap();
     let child_run = &entries[start + 1..end];
     let of = |hook: &str| -> Vec<&str> {
         child_run
@@ -209,9 +228,13 @@ async fn an_unlayered_nested_run_is_still_bracketed() {
         .tools(ToolRouter::new().tool(AgentTool::new("child", "c", child)))
         .build()
         .unwrap();
-    run_with(parent, Recorder::new("p", &log).stack(), RunRequest::new("go"))
-        .await
-        .unwrap();
+    run_with(
+        parent,
+        Recorder::new("p", &log).stack(),
+        RunRequest::new("go"),
+    )
+    .await
+    .unwrap();
     let entries = log.entries();
     assert_eq!(entries.iter().filter(|e| *e == "p:before_agent").count(), 2);
     assert_eq!(
@@ -222,9 +245,6 @@ async fn an_unlayered_nested_run_is_still_bracketed() {
         2
     );
     // before_agent of the child comes before its input guard.
-    let child_start = entries
-        .iter()
-        .rposition(|e| e == "p:before_agent")
-        .unwrap();
+    let child_start = entries.iter().rposition(|e| e == "p:before_agent").unwrap();
     assert_eq!(entries[child_start + 1], "p:before_run");
 }

@@ -38,7 +38,12 @@ fn decision(name: &str, reason: &str) -> ToolDecision {
 fn the_merge_table_holds_for_every_pair() {
     for (i, a) in DECISIONS.iter().enumerate() {
         for (j, b) in DECISIONS.iter().enumerate() {
-            for (a_args, b_args) in [(None, None), (Some(1), None), (None, Some(2)), (Some(1), Some(2))] {
+            for (a_args, b_args) in [
+                (None, None),
+                (Some(1), None),
+                (None, Some(2)),
+                (Some(1), Some(2)),
+            ] {
                 let earlier = ToolVerdict {
                     decision: decision(a, "first"),
                     updated_arguments: a_args.map(|n| json!({ "n": n })),
@@ -118,14 +123,20 @@ fn agent(approval: bool) -> Agent {
     };
     Agent::builder("a")
         .model(ScriptedModel::from_fn(|request| {
-            if request.messages.last().is_some_and(|m| m.role == Role::Tool) {
+            if request
+                .messages
+                .last()
+                .is_some_and(|m| m.role == Role::Tool)
+            {
                 ScriptedTurn::text("done")
             } else {
                 ScriptedTurn::tool_call("lookup", r#"{"id": "a"}"#)
             }
         }))
         .tools(ToolRouter::new().tool(lookup))
-        .approver(|call, _| async move { Some(ApprovalDecision::decline(&call, "the person said no")) })
+        .approver(
+            |call, _| async move { Some(ApprovalDecision::decline(&call, "the person said no")) },
+        )
         .build()
         .unwrap()
 }
@@ -163,22 +174,42 @@ async fn every_triple_of_verdicts_decides_the_call_as_merged() {
                     let label = format!("{a}/{b}/{c} approval={approval}");
                     let seen = Arc::default();
                     let stack = MiddlewareStack::new()
-                        .push(decider("m1", ToolVerdict::decision(decision(a, "m1 says no")), &seen))
-                        .push(decider("m2", ToolVerdict::decision(decision(b, "m2 says no")), &seen))
-                        .push(decider("m3", ToolVerdict::decision(decision(c, "m3 says no")), &seen));
+                        .push(decider(
+                            "m1",
+                            ToolVerdict::decision(decision(a, "m1 says no")),
+                            &seen,
+                        ))
+                        .push(decider(
+                            "m2",
+                            ToolVerdict::decision(decision(b, "m2 says no")),
+                            &seen,
+                        ))
+                        .push(decider(
+                            "m3",
+                            ToolVerdict::decision(decision(c, "m3 says no")),
+                            &seen,
+                        ));
                     let (ctx, sink) = observed();
                     let run = run_with(agent(approval), stack, RunRequest::new("go").context(ctx))
                         .await
                         .unwrap();
                     let names = ["m1", "m2", "m3"];
                     let picked = [a, b, c];
-                    let top = picked.iter().map(|d| DECISIONS.iter().position(|x| x == d).unwrap()).max().unwrap();
+                    let top = picked
+                        .iter()
+                        .map(|d| DECISIONS.iter().position(|x| x == d).unwrap())
+                        .max()
+                        .unwrap();
                     let winner = names[picked.iter().position(|d| *d == DECISIONS[top]).unwrap()];
                     let events = sink.events();
                     let logged = decisions(&events);
                     match DECISIONS[top] {
                         "deny" => {
-                            assert_eq!(tool_result(&run), format!("The call was denied: {winner} says no"), "{label}");
+                            assert_eq!(
+                                tool_result(&run),
+                                format!("The call was denied: {winner} says no"),
+                                "{label}"
+                            );
                             assert_eq!(run.counters.tool_calls, 0, "{label}");
                         }
                         "defer" => {
@@ -186,17 +217,32 @@ async fn every_triple_of_verdicts_decides_the_call_as_merged() {
                             assert_eq!(checkpoint.pending.len(), 1, "{label}");
                         }
                         "ask" => {
-                            assert_eq!(tool_result(&run), "The call was declined: the person said no", "{label}");
-                            assert!(logged.contains(&("declined".into(), "approver".into())), "{label}: {logged:?}");
+                            assert_eq!(
+                                tool_result(&run),
+                                "The call was declined: the person said no",
+                                "{label}"
+                            );
+                            assert!(
+                                logged.contains(&("declined".into(), "approver".into())),
+                                "{label}: {logged:?}"
+                            );
                         }
                         "allow" => assert_eq!(tool_result(&run), "found a", "{label}"),
                         _ if approval => {
-                            assert_eq!(tool_result(&run), "The call was declined: the person said no", "{label}");
+                            assert_eq!(
+                                tool_result(&run),
+                                "The call was declined: the person said no",
+                                "{label}"
+                            );
                         }
                         _ => assert_eq!(tool_result(&run), "found a", "{label}"),
                     }
                     if DECISIONS[top] != "continue" {
-                        assert_eq!(logged[0], (DECISIONS[top].to_owned(), winner.to_owned()), "{label}");
+                        assert_eq!(
+                            logged[0],
+                            (DECISIONS[top].to_owned(), winner.to_owned()),
+                            "{label}"
+                        );
                     }
                 }
             }
@@ -208,24 +254,44 @@ async fn every_triple_of_verdicts_decides_the_call_as_merged() {
 async fn rewrites_chain_and_the_last_one_counts() {
     let seen = Arc::default();
     let stack = MiddlewareStack::new()
-        .push(decider("first", ToolVerdict::proceed().with_arguments(json!({"id": "b"})), &seen))
+        .push(decider(
+            "first",
+            ToolVerdict::proceed().with_arguments(json!({"id": "b"})),
+            &seen,
+        ))
         .push(decider("observer", ToolVerdict::proceed(), &seen))
-        .push(decider("last", ToolVerdict::proceed().with_arguments(json!({"id": "c"})), &seen));
+        .push(decider(
+            "last",
+            ToolVerdict::proceed().with_arguments(json!({"id": "c"})),
+            &seen,
+        ));
     let (ctx, sink) = observed();
     let run = run_with(agent(false), stack, RunRequest::new("go").context(ctx))
         .await
         .unwrap();
     assert_eq!(
         *seen.lock().unwrap(),
-        [r#"first:{"id": "a"}"#, r#"observer:{"id":"b"}"#, r#"last:{"id":"b"}"#]
+        [
+            r#"first:{"id": "a"}"#,
+            r#"observer:{"id":"b"}"#,
+            r#"last:{"id":"b"}"#
+        ]
     );
     assert_eq!(tool_result(&run), "found c");
     // The transcript keeps the call as the model made it.
-    let call = &run.messages.iter().find(|m| !m.tool_calls.is_empty()).unwrap().tool_calls[0];
+    let call = &run
+        .messages
+        .iter()
+        .find(|m| !m.tool_calls.is_empty())
+        .unwrap()
+        .tool_calls[0];
     assert_eq!(call.arguments, r#"{"id": "a"}"#);
     assert_eq!(
         decisions(&sink.events()),
-        [("rewrite".into(), "first".into()), ("rewrite".into(), "last".into())]
+        [
+            ("rewrite".into(), "first".into()),
+            ("rewrite".into(), "last".into())
+        ]
     );
 }
 
@@ -242,7 +308,10 @@ async fn rewritten_arguments_are_validated_again() {
         .unwrap();
     let result = tool_result(&run);
     assert!(result.contains("do not match its schema"), "{result}");
-    assert_eq!(run.counters.tool_calls, 1, "the router answered, the tool never ran");
+    assert_eq!(
+        run.counters.tool_calls, 1,
+        "the router answered, the tool never ran"
+    );
 }
 
 /// Decides approvals: approves, bound to the arguments it was asked about.
@@ -283,7 +352,11 @@ impl Middleware for Approver {
     }
 }
 
-fn approver(name: &'static str, verdict: Option<bool>, asked: &Arc<Mutex<Vec<&'static str>>>) -> Approver {
+fn approver(
+    name: &'static str,
+    verdict: Option<bool>,
+    asked: &Arc<Mutex<Vec<&'static str>>>,
+) -> Approver {
     Approver {
         name,
         verdict,
@@ -305,7 +378,10 @@ async fn decide_approval_hooks_decide_before_the_approver() {
         .unwrap();
     assert_eq!(tool_result(&run), "found a");
     assert_eq!(*asked.lock().unwrap(), ["abstains", "grants"]);
-    assert_eq!(decisions(&sink.events()), [("approved".into(), "grants".into())]);
+    assert_eq!(
+        decisions(&sink.events()),
+        [("approved".into(), "grants".into())]
+    );
 }
 
 #[tokio::test]
@@ -326,8 +402,14 @@ async fn nobody_deciding_declines_the_call() {
     let run = run_with(agent, stack, RunRequest::new("go").context(ctx))
         .await
         .unwrap();
-    assert_eq!(tool_result(&run), "The call was declined: nobody approved it");
-    assert_eq!(decisions(&sink.events()), [("declined".into(), "nobody".into())]);
+    assert_eq!(
+        tool_result(&run),
+        "The call was declined: nobody approved it"
+    );
+    assert_eq!(
+        decisions(&sink.events()),
+        [("declined".into(), "nobody".into())]
+    );
 }
 
 #[tokio::test]
@@ -357,7 +439,10 @@ impl ToolMiddleware for Normalize {
         mut invocation: ToolInvocation,
         next: ToolNext,
     ) -> BoxFuture<'a, Result<ToolOutput, BoxError>> {
-        let id = invocation.args["id"].as_str().unwrap_or_default().to_uppercase();
+        let id = invocation.args["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_uppercase();
         invocation.args = json!({ "id": id });
         Box::pin(next.run(invocation))
     }
@@ -437,31 +522,51 @@ impl ToolMiddleware for Guard {
 #[tokio::test]
 async fn invoke_tool_runs_the_runtime_tool_middleware() {
     let runtime = Runtime::new(MiddlewareStack::new().push_tool(Guard));
-    let failing = ToolRouter::new()
-        .tool(tool_sync("lookup", "l", |l: Lookup| {
-            if l.id == "bad" {
-                Err::<String, BoxError>("no such id".into())
-            } else {
-                Ok(format!("found {}", l.id))
-            }
-        }));
+    let failing = ToolRouter::new().tool(tool_sync("lookup", "l", |l: Lookup| {
+        if l.id == "bad" {
+            Err::<String, BoxError>("no such id".into())
+        } else {
+            Ok(format!("found {}", l.id))
+        }
+    }));
     let call = |id: &str| {
         ToolInvocation::new(
             ToolCall::new("c1", "lookup", json!({ "id": id }).to_string()),
             RunContext::new(),
         )
     };
-    let ok = runtime.invoke_tool(failing.clone(), call("7")).await.unwrap();
+    let ok = runtime
+        .invoke_tool(failing.clone(), call("7"))
+        .await
+        .unwrap();
     assert_eq!(ok, ToolOutput::text("found 7"));
     // A failing tool comes back as an error result.
-    let failed = runtime.invoke_tool(failing.clone(), call("bad")).await.unwrap();
-    assert!(failed.is_error && failed.content.contains("no such id"), "{failed:?}");
+    let failed = runtime
+        .invoke_tool(failing.clone(), call("bad"))
+        .await
+        .unwrap();
+    assert!(
+        failed.is_error && failed.content.contains("no such id"),
+        "{failed:?}"
+    );
     // What a middleware raises is an error, a tripwire naming it.
-    let err = runtime.invoke_tool(failing.clone(), call("secret")).await.unwrap_err();
-    assert!(matches!(&err, AgentError::Tripwire { middleware, hook, .. }
-        if middleware == "tool-guard" && hook == "wrap_tool"), "{err:?}");
-    let err = runtime.invoke_tool(lookup_tools(), call("broken")).await.unwrap_err();
-    assert!(matches!(&err, AgentError::Middleware { middleware, .. } if middleware == "tool-guard"), "{err:?}");
+    let err = runtime
+        .invoke_tool(failing.clone(), call("secret"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::Tripwire { middleware, hook, .. }
+        if middleware == "tool-guard" && hook == "wrap_tool"),
+        "{err:?}"
+    );
+    let err = runtime
+        .invoke_tool(lookup_tools(), call("broken"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::Middleware { middleware, .. } if middleware == "tool-guard"),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -472,13 +577,15 @@ async fn a_wrap_tool_error_fails_the_run_but_a_tool_error_is_read_by_the_model()
                 ScriptedTurn::tool_call("lookup", json!({ "id": id }).to_string()),
                 ScriptedTurn::text("done"),
             ]))
-            .tools(ToolRouter::new().tool(tool_sync("lookup", "l", |l: Lookup| {
-                if l.id == "bad" {
-                    Err::<String, BoxError>("no such id".into())
-                } else {
-                    Ok(l.id)
-                }
-            })))
+            .tools(
+                ToolRouter::new().tool(tool_sync("lookup", "l", |l: Lookup| {
+                    if l.id == "bad" {
+                        Err::<String, BoxError>("no such id".into())
+                    } else {
+                        Ok(l.id)
+                    }
+                })),
+            )
             .build()
             .unwrap()
     };
@@ -490,6 +597,9 @@ async fn a_wrap_tool_error_fails_the_run_but_a_tool_error_is_read_by_the_model()
     let err = run_with(agent("broken"), stack(), RunRequest::new("go"))
         .await
         .unwrap_err();
-    assert!(matches!(&err, AgentError::Middleware { middleware, hook, .. }
-        if middleware == "tool-guard" && hook == "wrap_tool"), "{err:?}");
+    assert!(
+        matches!(&err, AgentError::Middleware { middleware, hook, .. }
+        if middleware == "tool-guard" && hook == "wrap_tool"),
+        "{err:?}"
+    );
 }

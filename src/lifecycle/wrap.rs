@@ -4,7 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -265,20 +265,46 @@ impl<Req: WrapRequest> Clone for Link<Req> {
 ///
 /// # Clone
 ///
-/// A clone calls the same rest of the stack; it is made ready when run.
+/// Cheap: clones share the rest of the stack. The service that was made
+/// ready before the middleware was called goes to the first run, whichever
+/// clone makes it; later runs call a clone of it, driven to readiness then.
 pub struct Next<Req: WrapRequest> {
-    rest: Rest<Req>,
+    /// The wrap middleware still to run (`None` below a tower adapter).
+    links: Option<Arc<[Link<Req>]>>,
+    index: usize,
+    base: Arc<Base<Req>>,
     /// The request the middleware was handed, to compare with what it hands on.
     received: Option<Req::Snapshot>,
 }
 
-enum Rest<Req: WrapRequest> {
-    Service(BoxService<Req>),
-    Chain {
-        links: Arc<[Link<Req>]>,
-        index: usize,
-        base: BoxService<Req>,
-    },
+/// The service below the last middleware.
+struct Base<Req: WrapRequest> {
+    /// Made ready by `poll_ready` (holding whatever it reserved): for the
+    /// first run.
+    ready: Mutex<Option<BoxService<Req>>>,
+    /// For the runs after it.
+    template: BoxService<Req>,
+    /// Below a lifecycle chain: a tool's failure becomes its error result.
+    recover: bool,
+}
+
+impl<Req: WrapRequest> Base<Req> {
+    fn new(service: BoxService<Req>, recover: bool) -> Arc<Self> {
+        Arc::new(Self {
+            template: service.clone(),
+            ready: Mutex::new(Some(service)),
+            recover,
+        })
+    }
+
+    fn take(&self) -> BoxService<Req> {
+        let ready = self
+            .ready
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        ready.unwrap_or_else(|| self.template.clone())
+    }
 }
 
 /// The `next` of a [`ModelMiddleware`].
@@ -288,10 +314,13 @@ pub type ModelNext = Next<ModelCall>;
 pub type ToolNext = Next<ToolInvocation>;
 
 impl<Req: WrapRequest> Next<Req> {
-    /// A `next` calling `service`, for a middleware handed `received`.
+    /// A `next` calling `service` (made ready), for a middleware handed
+    /// `received`.
     pub(crate) fn service(service: BoxService<Req>, received: &Req) -> Self {
         Self {
-            rest: Rest::Service(service),
+            links: None,
+            index: 0,
+            base: Base::new(service, false),
             received: Some(received.snapshot()),
         }
     }
@@ -299,11 +328,9 @@ impl<Req: WrapRequest> Next<Req> {
     /// The chain `links` (the first outermost) around `base`.
     pub(crate) fn chain(links: Arc<[Link<Req>]>, base: BoxService<Req>) -> Self {
         Self {
-            rest: Rest::Chain {
-                links,
-                index: 0,
-                base,
-            },
+            links: Some(links),
+            index: 0,
+            base: Base::new(base, true),
             received: None,
         }
     }
@@ -317,43 +344,35 @@ impl<Req: WrapRequest> Next<Req> {
         if let Some(received) = &self.received {
             req.reconcile(received);
         }
-        match self.rest {
-            Rest::Service(service) => call_base(service, req, false).await,
-            Rest::Chain { links, index, base } => match links.get(index).cloned() {
-                None => call_base(base, req, true).await,
-                Some(link) => {
-                    let received = Some(req.snapshot());
-                    let next = Next {
-                        rest: Rest::Chain {
-                            links,
-                            index: index + 1,
-                            base,
-                        },
-                        received,
-                    };
-                    let ctx = req.context().clone();
-                    guarded(&ctx, &link.name, Req::wrap_hook(), || {
-                        link.wrap.wrap(req, next)
-                    })
-                    .await
-                    .map_err(|err| Req::link_error(err, &link.name))
-                }
-            },
-        }
+        let link = self
+            .links
+            .as_ref()
+            .and_then(|links| links.get(self.index))
+            .cloned();
+        let Some(link) = link else {
+            return call_base(self.base.take(), req, self.base.recover).await;
+        };
+        let next = Next {
+            links: self.links,
+            index: self.index + 1,
+            base: self.base,
+            received: Some(req.snapshot()),
+        };
+        let ctx = req.context().clone();
+        guarded(&ctx, &link.name, Req::wrap_hook(), || {
+            link.wrap.wrap(req, next)
+        })
+        .await
+        .map_err(|err| Req::link_error(err, &link.name))
     }
 }
 
 impl<Req: WrapRequest> Clone for Next<Req> {
     fn clone(&self) -> Self {
         Self {
-            rest: match &self.rest {
-                Rest::Service(service) => Rest::Service(service.clone()),
-                Rest::Chain { links, index, base } => Rest::Chain {
-                    links: links.clone(),
-                    index: *index,
-                    base: base.clone(),
-                },
-            },
+            links: self.links.clone(),
+            index: self.index,
+            base: self.base.clone(),
             received: self.received.clone(),
         }
     }
@@ -361,12 +380,15 @@ impl<Req: WrapRequest> Clone for Next<Req> {
 
 impl<Req: WrapRequest> fmt::Debug for Next<Req> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut d = f.debug_struct("Next");
-        if let Rest::Chain { links, index, .. } = &self.rest {
-            let rest: Vec<&str> = links[*index..].iter().map(|l| &*l.name).collect();
-            d.field("middleware", &rest);
-        }
-        d.finish_non_exhaustive()
+        let rest: Vec<&str> = self
+            .links
+            .iter()
+            .flat_map(|links| links[self.index.min(links.len())..].iter())
+            .map(|l| &*l.name)
+            .collect();
+        f.debug_struct("Next")
+            .field("middleware", &rest)
+            .finish_non_exhaustive()
     }
 }
 

@@ -15,9 +15,7 @@ use tower_agent::lifecycle::{
     Hook, HookPoint, LifecycleLayer, Middleware, MiddlewareStack, ModelMiddleware, ModelNext,
     ToolMiddleware, ToolNext,
 };
-use tower_agent::types::{
-    ApprovalDecision, History, Message, ModelDelta, ModelResponse, ToolCall,
-};
+use tower_agent::types::{ApprovalDecision, History, Message, ModelDelta, ModelResponse, ToolCall};
 use tower_agent::{
     tool_sync, tripwire, Agent, AgentError, BoxError, ModelCall, RunContext, RunRequest,
     ToolInvocation, ToolOutput, ToolRouter,
