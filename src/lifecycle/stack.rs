@@ -2,7 +2,7 @@
 //! form the run uses.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::invoke::Entry;
 use super::wrap::{Link, ModelLink, ToolLink};
@@ -187,8 +187,12 @@ impl Stack {
         }
     }
 
+    /// The empty stack, built once and shared.
     pub(crate) fn empty() -> Arc<Stack> {
-        Arc::new(Stack::build(Vec::new(), Vec::new(), Vec::new(), false))
+        static EMPTY: OnceLock<Arc<Stack>> = OnceLock::new();
+        EMPTY
+            .get_or_init(|| Arc::new(Stack::build(Vec::new(), Vec::new(), Vec::new(), false)))
+            .clone()
     }
 
     /// The levels one after the other (the first outermost), as one stack.
