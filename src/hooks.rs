@@ -8,6 +8,13 @@
 //! over a stack of [`Middleware`](crate::lifecycle::Middleware) and installs
 //! it; nested runs inherit it.
 //!
+//! Each hook point returns a [`HookFuture`]: a value already there (no
+//! allocation) or a boxed future. A run is closed once, by
+//! [`on_error`](RunHooks::on_error) (when it failed) and
+//! [`end_run`](RunHooks::end_run): by the lifecycle layer that brackets it,
+//! or by the loop for a run nothing brackets (see
+//! [`RunContext::mark_bracketed`]).
+//!
 //! Implement it yourself only to replace the lifecycle adapter.
 
 use std::fmt;

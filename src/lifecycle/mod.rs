@@ -171,6 +171,7 @@
 //! asking `before_tool` again with `resumed == true`. Every decision is
 //! logged as a `ToolDecision` event naming who decided.
 
+mod adapter;
 mod delta;
 mod frame;
 mod from_fn;
@@ -189,6 +190,7 @@ mod wrap;
 #[doc = include_str!("../../docs/ordering.md")]
 pub mod ordering {}
 
+pub use adapter::{WrapModel, WrapModelLayer, WrapTool, WrapToolLayer};
 pub use from_fn::{from_fn, FromFn, FromFnLayer};
 pub use hook_set::{HookPoint, HookSet};
 pub use layer::{Lifecycle, LifecycleLayer};
@@ -197,7 +199,4 @@ pub use middleware::{FailPolicy, Hook, Middleware};
 pub use runtime::{RunMiddleware, RunRequestExt, Runtime};
 pub use stack::MiddlewareStack;
 pub use verdict::{decision_rank, merge_verdicts};
-pub use wrap::{
-    ModelMiddleware, ModelNext, Next, ToolMiddleware, ToolNext, WrapModel, WrapModelLayer,
-    WrapRequest, WrapTool, WrapToolLayer,
-};
+pub use wrap::{ModelMiddleware, ModelNext, Next, ToolMiddleware, ToolNext, WrapRequest};
