@@ -24,7 +24,7 @@ use crate::types::ModelResponse;
 /// back (call it, then answer something else on error).
 ///
 /// Push it with [`MiddlewareStack::push_model`](super::MiddlewareStack::push_model),
-/// or make it a tower layer with [`WrapModelLayer`].
+/// or make it a tower layer with [`WrapModelLayer`](super::WrapModelLayer).
 ///
 /// ```
 /// use futures::future::BoxFuture;
@@ -75,7 +75,7 @@ pub trait ModelMiddleware: Send + Sync + 'static {
 /// approval never carries over to new arguments.
 ///
 /// Push it with [`MiddlewareStack::push_tool`](super::MiddlewareStack::push_tool),
-/// or make it a tower layer with [`WrapToolLayer`].
+/// or make it a tower layer with [`WrapToolLayer`](super::WrapToolLayer).
 pub trait ToolMiddleware: Send + Sync + 'static {
     /// The name events and tripwires carry.
     fn name(&self) -> &str;
