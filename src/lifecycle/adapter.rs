@@ -173,7 +173,11 @@ macro_rules! wrap_service {
                 // Take the service that was made ready; leave a clone behind.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
-                let next = Next::service(BoxCloneSyncService::new(ready.map_err(Into::into)), &req);
+                let next = Next::service(
+                    BoxCloneSyncService::new(ready.map_err(Into::into)),
+                    &self.name,
+                    &req,
+                );
                 let name = self.name.clone();
                 let link = self.link.clone();
                 super::future::ResponseFuture::new(async move {

@@ -144,7 +144,11 @@ where
         // Take the service that was made ready; leave a clone behind.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        let next = Next::service(BoxCloneSyncService::new(ready.map_err(Into::into)), &req);
+        let next = Next::service(
+            BoxCloneSyncService::new(ready.map_err(Into::into)),
+            &self.name,
+            &req,
+        );
         let f = self.f.clone();
         let name = self.name.clone();
         ResponseFuture::new(async move {

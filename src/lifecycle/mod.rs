@@ -172,6 +172,7 @@
 //! logged as a `ToolDecision` event naming who decided.
 
 mod adapter;
+pub mod builtin;
 mod delta;
 mod frame;
 mod from_fn;

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 
+use super::builtin::EditLog;
 use super::invoke::{invoke, invoke_delta, log_ignored};
 use super::stack::Stack;
 use super::verdict::merge_verdicts;
@@ -60,9 +61,15 @@ impl Stack {
         messages: &mut History,
     ) -> Result<(), AgentError> {
         let hook = HookPoint::BeforeModel;
+        // A prompt-cache guard in the run asks who changed the messages.
+        let edits = EditLog::of(ctx);
         for e in self.at(hook) {
+            let before = edits.as_ref().map(|_| messages.clone());
             let messages = &mut *messages;
             invoke(e, ctx, hook, || e.mw.before_model(ctx, messages)).await?;
+            if let (Some(edits), Some(before)) = (&edits, before) {
+                edits.record(&e.name, before, messages);
+            }
         }
         Ok(())
     }

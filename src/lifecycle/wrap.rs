@@ -12,12 +12,13 @@ use serde_json::Value;
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 
+use super::builtin::EditLog;
 use super::invoke::{attribute, name_tripwire, panic_message, panicked, Bracket};
 use super::HookPoint;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, ErrorKind};
 use crate::request::{ModelCall, ToolInvocation, ToolOutput};
-use crate::types::ModelResponse;
+use crate::types::{History, ModelResponse};
 
 /// Around each model call: proceed (`next.run(call)` once), short-circuit
 /// (answer without it), retry (call it in a loop, cloning `next`), or fall
@@ -109,10 +110,10 @@ pub trait WrapRequest: sealed::Sealed + Send + Sized + 'static {
     fn wrap_hook() -> HookPoint;
     #[doc(hidden)]
     fn snapshot(&self) -> Self::Snapshot;
-    /// Called on the request a middleware hands to `next`, with what it was
-    /// handed itself.
+    /// Called on the request middleware `by` hands to `next`, with what it
+    /// was handed itself.
     #[doc(hidden)]
-    fn reconcile(&mut self, received: &Self::Snapshot);
+    fn reconcile(&mut self, by: &Arc<str>, received: &Self::Snapshot);
     /// Who a nameless tripwire from below the last middleware is put on.
     #[doc(hidden)]
     fn base_name(&self) -> String;
@@ -127,7 +128,7 @@ pub trait WrapRequest: sealed::Sealed + Send + Sized + 'static {
 
 impl WrapRequest for ModelCall {
     type Response = ModelResponse;
-    type Snapshot = ();
+    type Snapshot = History;
 
     fn context(&self) -> &RunContext {
         &self.context
@@ -137,9 +138,19 @@ impl WrapRequest for ModelCall {
         HookPoint::WrapModel
     }
 
-    fn snapshot(&self) {}
+    fn snapshot(&self) -> History {
+        self.request.messages.clone()
+    }
 
-    fn reconcile(&mut self, _received: &()) {}
+    /// Tells a prompt-cache guard, if the run has one, that `by` changed the
+    /// messages.
+    fn reconcile(&mut self, by: &Arc<str>, received: &History) {
+        if !History::ptr_eq(received, &self.request.messages) {
+            if let Some(log) = EditLog::of(&self.context) {
+                log.record(by, received.clone(), &self.request.messages);
+            }
+        }
+    }
 
     fn base_name(&self) -> String {
         format!("model:{}", self.request.model)
@@ -173,7 +184,7 @@ impl WrapRequest for ToolInvocation {
 
     /// Keeps the argument text and the parsed arguments in step, whichever
     /// the middleware changed, and withdraws the approval when they changed.
-    fn reconcile(&mut self, (text, args): &(String, Value)) {
+    fn reconcile(&mut self, _by: &Arc<str>, (text, args): &(String, Value)) {
         let text_changed = self.call.arguments != *text;
         let args_changed = self.args != *args;
         if text_changed && !args_changed {
@@ -273,8 +284,9 @@ pub struct Next<Req: WrapRequest> {
     links: Option<Arc<[Link<Req>]>>,
     index: usize,
     base: Arc<Base<Req>>,
-    /// The request the middleware was handed, to compare with what it hands on.
-    received: Option<Req::Snapshot>,
+    /// The middleware that was handed what request, to compare with what it
+    /// hands on.
+    received: Option<(Arc<str>, Req::Snapshot)>,
 }
 
 /// The service below the last middleware.
@@ -314,14 +326,14 @@ pub type ModelNext = Next<ModelCall>;
 pub type ToolNext = Next<ToolInvocation>;
 
 impl<Req: WrapRequest> Next<Req> {
-    /// A `next` calling `service` (made ready), for a middleware handed
+    /// A `next` calling `service` (made ready), for middleware `by` handed
     /// `received`.
-    pub(crate) fn service(service: BoxService<Req>, received: &Req) -> Self {
+    pub(crate) fn service(service: BoxService<Req>, by: &Arc<str>, received: &Req) -> Self {
         Self {
             links: None,
             index: 0,
             base: Base::new(service, false),
-            received: Some(received.snapshot()),
+            received: Some((by.clone(), received.snapshot())),
         }
     }
 
@@ -341,8 +353,8 @@ impl<Req: WrapRequest> Next<Req> {
     ///
     /// What the rest of the stack fails with.
     pub async fn run(self, mut req: Req) -> Result<Req::Response, BoxError> {
-        if let Some(received) = &self.received {
-            req.reconcile(received);
+        if let Some((by, received)) = &self.received {
+            req.reconcile(by, received);
         }
         let link = self
             .links
@@ -356,7 +368,7 @@ impl<Req: WrapRequest> Next<Req> {
             links: self.links,
             index: self.index + 1,
             base: self.base,
-            received: Some(req.snapshot()),
+            received: Some((link.name.clone(), req.snapshot())),
         };
         let ctx = req.context().clone();
         guarded(&ctx, &link.name, Req::wrap_hook(), || {
