@@ -102,7 +102,8 @@ pub enum AgentEvent {
         run_id: Arc<str>,
         /// The call's id.
         call_id: String,
-        /// `allow`, `deny`, `ask`, `defer`, `approved`, `declined`.
+        /// `allow`, `deny`, `ask`, `defer`, `approved`, `declined`, or
+        /// `rewrite` when a `before_tool` hook changed the arguments.
         decision: &'static str,
         /// The middleware, `approver`, `resume` or `policy`.
         decided_by: String,
