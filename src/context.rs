@@ -22,7 +22,7 @@
 //! ```
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -79,6 +79,11 @@ struct Inner {
     hooks: RwLock<Option<Arc<dyn RunHooks>>>,
     pending_context: Mutex<Vec<String>>,
     stop: Mutex<Option<StopReason>>,
+    /// Set once `stop` holds a reason without `by`: lets attribution skip the lock.
+    stop_unattributed: AtomicBool,
+    /// `Some` once a lifecycle layer brackets the run: the context its
+    /// `before_agent` hooks added, until the loop takes it.
+    bracket: Mutex<Option<Vec<String>>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -121,6 +126,8 @@ impl RunContext {
                 hooks: RwLock::new(self.hooks()),
                 pending_context: Mutex::default(),
                 stop: Mutex::default(),
+                stop_unattributed: AtomicBool::new(false),
+                bracket: Mutex::default(),
             }),
         }
     }
@@ -330,7 +337,13 @@ impl RunContext {
     }
 
     fn set_stop(&self, reason: StopReason) {
-        lock(&self.inner.stop).get_or_insert(reason);
+        let mut stop = lock(&self.inner.stop);
+        if stop.is_none() {
+            if reason.by.is_none() {
+                self.inner.stop_unattributed.store(true, Ordering::Release);
+            }
+            *stop = Some(reason);
+        }
     }
 
     /// The stop asked for, if any. The first request wins.
@@ -339,12 +352,46 @@ impl RunContext {
     }
 
     /// Names `by` as who asked for a stop that was asked for anonymously.
+    ///
+    /// Cheap when there is nothing to attribute (one atomic load), so the
+    /// lifecycle stack calls it after every hook.
     pub fn attribute_stop(&self, by: &str) {
+        if !self.inner.stop_unattributed.load(Ordering::Acquire) {
+            return;
+        }
         if let Some(stop) = lock(&self.inner.stop).as_mut() {
             if stop.by.is_none() {
                 stop.by = Some(by.to_owned());
             }
         }
+        self.inner.stop_unattributed.store(false, Ordering::Release);
+    }
+
+    /// Marks the run as bracketed by a lifecycle layer, which ran the
+    /// `before_agent` hooks itself and will run the closing hooks; `context`
+    /// is what those hooks added after the system prompt. The run loop then
+    /// takes that context instead of calling
+    /// [`RunHooks::start_run`], and leaves
+    /// [`end_run`](crate::hooks::RunHooks::end_run) to the layer. A second
+    /// layer on the same run adds its context to the first one's.
+    pub fn mark_bracketed(&self, context: Vec<String>) {
+        lock(&self.inner.bracket)
+            .get_or_insert_with(Vec::new)
+            .extend(context);
+    }
+
+    /// Whether a lifecycle layer brackets this run. See
+    /// [`mark_bracketed`](Self::mark_bracketed).
+    pub fn is_bracketed(&self) -> bool {
+        lock(&self.inner.bracket).is_some()
+    }
+
+    /// Takes the context the bracketing layer's `before_agent` hooks added.
+    pub(crate) fn take_bracket_context(&self) -> Vec<String> {
+        lock(&self.inner.bracket)
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The hook points installed for this run (by the lifecycle layer, or
@@ -472,6 +519,8 @@ impl RunContextBuilder {
                 hooks: RwLock::new(None),
                 pending_context: Mutex::default(),
                 stop: Mutex::default(),
+                stop_unattributed: AtomicBool::new(false),
+                bracket: Mutex::default(),
             }),
         }
     }

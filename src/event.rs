@@ -102,7 +102,8 @@ pub enum AgentEvent {
         run_id: Arc<str>,
         /// The call's id.
         call_id: String,
-        /// `allow`, `deny`, `ask`, `defer`, `approved`, `declined`.
+        /// `allow`, `deny`, `ask`, `defer`, `approved`, `declined`, or
+        /// `rewrite` when a `before_tool` hook changed the arguments.
         decision: &'static str,
         /// The middleware, `approver`, `resume` or `policy`.
         decided_by: String,
@@ -124,7 +125,9 @@ pub enum AgentEvent {
         middleware: Arc<str>,
         /// The hook.
         hook: &'static str,
-        /// `ok`, `error` or `panic`.
+        /// `ok`, `error`, `panic`, or `cancelled` when the invocation was
+        /// dropped before it ended (a sibling tool call failed, the run was
+        /// dropped).
         outcome: &'static str,
     },
     /// A fail-open middleware's error, logged instead of failing the run.

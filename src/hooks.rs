@@ -6,19 +6,106 @@
 //! branch. The lifecycle layer implements this trait over a stack of
 //! middleware and installs it; nested runs inherit it.
 //!
+//! Each hook point returns a [`HookFuture`]: a value already there (no
+//! allocation) or a boxed future. A run is closed once, by
+//! [`on_error`](RunHooks::on_error) (when it failed) and
+//! [`end_run`](RunHooks::end_run): by the lifecycle layer that brackets it,
+//! or by the loop for a run nothing brackets (see
+//! [`RunContext::mark_bracketed`]).
+//!
 //! Implement it yourself only to replace the lifecycle adapter.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use serde_json::Value;
 
 use crate::context::RunContext;
-use crate::error::BoxError;
+use crate::error::{AgentError, BoxError};
 use crate::request::{ModelCall, ToolInvocation, ToolOutput};
 use crate::service::{BoxModel, BoxTool};
-use crate::types::{ApprovalDecision, History, Message, ModelResponse, ToolCall};
+use crate::types::{AgentRun, ApprovalDecision, History, Message, ModelResponse, ToolCall};
 
-/// The future of a hook point.
-pub type HookFuture<'a, T> = BoxFuture<'a, Result<T, BoxError>>;
+/// The future of a hook point: a value already there, or a boxed future.
+///
+/// A hook point with nothing to do answers [`HookFuture::ok`], which costs no
+/// allocation; only hooks that really wait are boxed.
+#[must_use = "futures do nothing unless polled"]
+pub struct HookFuture<'a, T> {
+    kind: HookKind<'a, T>,
+}
+
+enum HookKind<'a, T> {
+    Ready(Option<Result<T, BoxError>>),
+    Boxed(BoxFuture<'a, Result<T, BoxError>>),
+}
+
+impl<'a, T> HookFuture<'a, T> {
+    /// A hook point that is already done with `result`.
+    pub fn ready(result: Result<T, BoxError>) -> Self {
+        Self {
+            kind: HookKind::Ready(Some(result)),
+        }
+    }
+
+    /// A hook point that is already done with `value`.
+    pub fn ok(value: T) -> Self {
+        Self::ready(Ok(value))
+    }
+
+    /// A hook point that waits for `future`.
+    pub fn new<F>(future: F) -> Self
+    where
+        F: Future<Output = Result<T, BoxError>> + Send + 'a,
+    {
+        Self::boxed(Box::pin(future))
+    }
+
+    /// A hook point that waits for an already boxed future.
+    pub fn boxed(future: BoxFuture<'a, Result<T, BoxError>>) -> Self {
+        Self {
+            kind: HookKind::Boxed(future),
+        }
+    }
+
+    /// Whether the value is already there (nothing was boxed).
+    pub fn is_ready(&self) -> bool {
+        matches!(self.kind, HookKind::Ready(_))
+    }
+}
+
+// Nothing is pinned structurally: the boxed future is pinned on the heap.
+impl<T> Unpin for HookFuture<'_, T> {}
+
+impl<T> Future for HookFuture<'_, T> {
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().kind {
+            HookKind::Ready(value) => {
+                Poll::Ready(value.take().expect("HookFuture polled after completion"))
+            }
+            HookKind::Boxed(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<T> fmt::Debug for HookFuture<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HookFuture")
+            .field("ready", &self.is_ready())
+            .finish()
+    }
+}
+
+impl<'a, T> From<BoxFuture<'a, Result<T, BoxError>>> for HookFuture<'a, T> {
+    fn from(future: BoxFuture<'a, Result<T, BoxError>>) -> Self {
+        Self::boxed(future)
+    }
+}
 
 /// How a run starts, as [`RunHooks::start_run`] sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +189,72 @@ impl ToolVerdict {
     }
 }
 
+/// A decision about a call that asks for approval, and who made it: what
+/// [`RunHooks::decide_approval`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalVerdict {
+    /// The decision, bound to the call's id and arguments.
+    pub decision: ApprovalDecision,
+    /// Who decided (a middleware's name), for the log.
+    pub decided_by: Option<String>,
+}
+
+/// How a run ended, as the hooks that close it see it.
+#[derive(Debug, Clone, Copy)]
+pub enum RunOutcome<'a> {
+    /// The run returned: completed, stopped or paused.
+    Finished(&'a AgentRun),
+    /// The run failed.
+    Failed(&'a AgentError),
+}
+
+impl<'a> RunOutcome<'a> {
+    /// The outcome of `result`.
+    pub fn of(result: &'a Result<AgentRun, AgentError>) -> Self {
+        match result {
+            Ok(run) => RunOutcome::Finished(run),
+            Err(err) => RunOutcome::Failed(err),
+        }
+    }
+
+    /// `completed`, `stopped`, `paused` or `failed`.
+    pub fn status(&self) -> &'static str {
+        match self {
+            RunOutcome::Finished(run) => run.status.as_str(),
+            RunOutcome::Failed(_) => "failed",
+        }
+    }
+
+    /// The run's result, unless it failed.
+    pub fn run(&self) -> Option<&'a AgentRun> {
+        match self {
+            RunOutcome::Finished(run) => Some(run),
+            RunOutcome::Failed(_) => None,
+        }
+    }
+
+    /// The error of a failed run.
+    pub fn error(&self) -> Option<&'a AgentError> {
+        match self {
+            RunOutcome::Finished(_) => None,
+            RunOutcome::Failed(err) => Some(err),
+        }
+    }
+}
+
+/// A compaction that ran, as `after_compaction` sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compaction {
+    /// Who compacted (a middleware's or a layer's name).
+    pub by: String,
+    /// How many messages there were before.
+    pub messages_before: usize,
+    /// How many there are after.
+    pub messages_after: usize,
+    /// The summary that replaced the older messages, if one did.
+    pub summary: Option<String>,
+}
+
 /// One tool call of a step and its result, as `after_tool_batch` sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCallResult {
@@ -177,13 +330,13 @@ pub trait RunHooks: Send + Sync + 'static {
         resumed: bool,
     ) -> HookFuture<'a, ToolVerdict>;
 
-    /// A call asks for approval: `Some` decides it, `None` leaves it to the
-    /// agent's approver.
+    /// A call asks for approval: `Some` decides it (and names who did),
+    /// `None` leaves it to the agent's approver.
     fn decide_approval<'a>(
         &'a self,
         ctx: &'a RunContext,
         call: &'a ToolCall,
-    ) -> HookFuture<'a, Option<ApprovalDecision>>;
+    ) -> HookFuture<'a, Option<ApprovalVerdict>>;
 
     /// Around each tool call that passed approval: the wrap middleware,
     /// ending in `next`.
@@ -232,4 +385,41 @@ pub trait RunHooks: Send + Sync + 'static {
         ctx: &'a RunContext,
         notification: &'a Notification,
     ) -> HookFuture<'a, ()>;
+
+    /// The run failed with `error`; called before [`end_run`](Self::end_run).
+    /// Errors are ignored: they cannot replace the run's error.
+    fn on_error<'a>(&'a self, ctx: &'a RunContext, error: &'a AgentError) -> HookFuture<'a, ()> {
+        let _ = (ctx, error);
+        HookFuture::ok(())
+    }
+
+    /// The run ended. Called once per run, by the lifecycle layer that
+    /// brackets it or, for a run nothing brackets (a nested run that
+    /// inherited its parent's hooks), by the run loop. Errors are logged, the
+    /// caller keeps the run's result.
+    fn end_run<'a>(&'a self, ctx: &'a RunContext, outcome: RunOutcome<'a>) -> HookFuture<'a, ()> {
+        let _ = (ctx, outcome);
+        HookFuture::ok(())
+    }
+
+    /// A compaction of `messages` is about to run; `false` skips it. Called
+    /// by whatever compacts (a middleware or a layer), not by the loop.
+    fn before_compaction<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        messages: &'a History,
+    ) -> HookFuture<'a, bool> {
+        let _ = (ctx, messages);
+        HookFuture::ok(true)
+    }
+
+    /// A compaction ran.
+    fn after_compaction<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        compaction: &'a Compaction,
+    ) -> HookFuture<'a, ()> {
+        let _ = (ctx, compaction);
+        HookFuture::ok(())
+    }
 }

@@ -6,6 +6,7 @@ pub mod error;
 pub mod event;
 pub mod hooks;
 pub mod layers;
+pub mod lifecycle;
 pub mod request;
 pub mod service;
 pub mod types;
@@ -13,6 +14,9 @@ pub mod types;
 pub use context::RunContext;
 pub use error::{
     tripwire, tripwire_with, AgentError, BoxError, ErrorKind, ProviderError, RateLimited,
+};
+pub use lifecycle::{
+    from_fn, LifecycleLayer, Middleware, MiddlewareStack, ModelMiddleware, Runtime, ToolMiddleware,
 };
 pub use request::{DeltaSink, ModelCall, RunInput, RunRequest, ToolInvocation, ToolOutput};
 pub use service::{

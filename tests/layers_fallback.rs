@@ -10,19 +10,14 @@ use std::time::Duration;
 use tower::retry::budget::Budget;
 use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 use tower_agent::event::{AgentEvent, CollectingSink};
-use tower_agent::hooks::{
-    HookFuture, Notification, RunHooks, RunStart, ToolCallResult, ToolVerdict,
-};
 use tower_agent::layers::fallback::error::FallbackExhausted;
 use tower_agent::layers::fallback::{Fallback, FallbackLayer, Target};
 use tower_agent::layers::retry::{Backoff, Jitter, RetryBudget, RetryLayer, RetryPolicy};
-use tower_agent::types::{
-    ApprovalDecision, History, Message, ModelDelta, ModelRequest, ModelResponse, ToolCall, Usage,
-};
+use tower_agent::lifecycle::{Hook, HookSet, LifecycleLayer, Middleware, MiddlewareStack};
+use tower_agent::types::{Message, ModelDelta, ModelRequest, ModelResponse, Usage};
 use tower_agent::{
-    tool_sync, Agent, AgentError, BoxError, BoxModel, DeltaSink, ErrorKind, ModelCall,
-    ProviderError, RunContext, RunRequest, ScriptedModel, ScriptedTurn, ToolInvocation, ToolOutput,
-    ToolRouter,
+    tool_sync, Agent, AgentError, BoxError, DeltaSink, ErrorKind, ModelCall, ProviderError,
+    RunContext, RunRequest, ScriptedModel, ScriptedTurn, ToolRouter,
 };
 use tower_test::mock;
 
@@ -241,7 +236,8 @@ async fn mock_forwards_readiness_of_the_first_service() {
     assert_eq!(svc.get_ref().target_models().collect::<Vec<_>>(), [None]);
 }
 
-/// Hooks that only decide model switches (and record what they were asked).
+/// A middleware that only decides model switches (and records what it was
+/// asked), installed through the real lifecycle layer.
 struct SwitchGate {
     allow: bool,
     asked: Mutex<Vec<(String, String)>>,
@@ -256,94 +252,26 @@ impl SwitchGate {
     }
 }
 
-impl RunHooks for SwitchGate {
-    fn holds_stream(&self) -> bool {
-        false
+impl Middleware for SwitchGate {
+    fn name(&self) -> &str {
+        "switch-gate"
     }
-    fn start_run<'a>(&'a self, _: &'a RunContext, _: RunStart) -> HookFuture<'a, Vec<String>> {
-        Box::pin(async { Ok(Vec::new()) })
+
+    fn hooks(&self) -> HookSet {
+        HookSet::BEFORE_MODEL_SWITCH
     }
-    fn before_run<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a mut Message,
-        _: &'a [Message],
-    ) -> HookFuture<'a, Vec<String>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-    fn before_model<'a>(&'a self, _: &'a RunContext, _: &'a mut History) -> HookFuture<'a, ()> {
-        Box::pin(async { Ok(()) })
-    }
-    fn call_model<'a>(&'a self, call: ModelCall, next: BoxModel) -> HookFuture<'a, ModelResponse> {
-        Box::pin(next.oneshot(call))
-    }
-    fn after_model<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a mut ModelResponse,
-    ) -> HookFuture<'a, ()> {
-        Box::pin(async { Ok(()) })
-    }
-    fn before_tool<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a ToolCall,
-        _: bool,
-    ) -> HookFuture<'a, ToolVerdict> {
-        Box::pin(async { Ok(ToolVerdict::proceed()) })
-    }
-    fn decide_approval<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a ToolCall,
-    ) -> HookFuture<'a, Option<ApprovalDecision>> {
-        Box::pin(async { Ok(None) })
-    }
-    fn call_tool<'a>(
-        &'a self,
-        invocation: ToolInvocation,
-        next: tower_agent::BoxTool,
-    ) -> HookFuture<'a, ToolOutput> {
-        Box::pin(next.oneshot(invocation))
-    }
-    fn after_tool<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a ToolCall,
-        _: &'a mut ToolOutput,
-    ) -> HookFuture<'a, ()> {
-        Box::pin(async { Ok(()) })
-    }
-    fn after_tool_batch<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a [ToolCallResult],
-    ) -> HookFuture<'a, ()> {
-        Box::pin(async { Ok(()) })
-    }
-    fn before_stop<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a Message,
-        _: u32,
-    ) -> HookFuture<'a, Option<String>> {
-        Box::pin(async { Ok(None) })
-    }
+
     fn before_model_switch<'a>(
         &'a self,
-        _: &'a RunContext,
+        _ctx: &'a RunContext,
         from: &'a str,
         to: &'a str,
-    ) -> HookFuture<'a, bool> {
+    ) -> Hook<'a, bool> {
         self.asked
             .lock()
             .unwrap()
             .push((from.to_owned(), to.to_owned()));
-        let allow = self.allow;
-        Box::pin(async move { Ok(allow) })
-    }
-    fn on_notification<'a>(&'a self, _: &'a RunContext, _: &'a Notification) -> HookFuture<'a, ()> {
-        Box::pin(async { Ok(()) })
+        Hook::ok(self.allow)
     }
 }
 
@@ -396,9 +324,9 @@ async fn a_full_run_asks_the_hooks_before_switching() {
             .model_name("big")
             .build()
             .unwrap();
-        let ctx = RunContext::new();
-        ctx.install_hooks(Some(gate.clone()));
-        let result = agent.oneshot(RunRequest::new("Hi").context(ctx)).await;
+        let stack = MiddlewareStack::new().push_arc(gate.clone());
+        let agent = LifecycleLayer::new(stack).layer(agent);
+        let result = agent.oneshot(RunRequest::new("Hi")).await;
         assert_eq!(
             *gate.asked.lock().unwrap(),
             [("big".to_owned(), "small".to_owned())]

@@ -12,7 +12,7 @@ use super::Config;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::event::AgentEvent;
-use crate::hooks::{RunHooks, RunStart};
+use crate::hooks::{RunHooks, RunOutcome, RunStart};
 use crate::request::{DeltaSink, ModelCall, RunInput, RunRequest};
 use crate::types::{
     AgentRun, Checkpoint, Counters, History, Message, ModelDelta, ModelRequest, ModelResponse,
@@ -53,6 +53,18 @@ pub(super) async fn run(config: Arc<Config>, request: RunRequest) -> Result<Agen
             error: Some(err.code()),
         });
     }
+    // A lifecycle layer that brackets the run closes it itself, with the
+    // result its caller gets; otherwise (a nested run that inherited its
+    // parent's hooks) the loop does. Errors of these hooks cannot change the
+    // result: the stack logs them.
+    if !ctx.is_bracketed() {
+        if let Some(hooks) = ctx.hooks() {
+            if let Err(err) = &result {
+                let _ = hooks.on_error(&ctx, err).await;
+            }
+            let _ = hooks.end_run(&ctx, RunOutcome::of(&result)).await;
+        }
+    }
     result
 }
 
@@ -66,6 +78,7 @@ async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, A
     } = request;
     let hooks = ctx.hooks();
     let has_history = !history.is_empty();
+    let resumed = matches!(input, RunInput::Resume { .. });
     let mut run = Run {
         config,
         ctx,
@@ -78,6 +91,13 @@ async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, A
         output_attempts: 0,
         continuations: 0,
     };
+    run.ctx.emit(|| AgentEvent::RunStarted {
+        run_id: run.ctx.run_id().clone(),
+        parent_run_id: run.ctx.parent_run_id().cloned(),
+        agent: run.config.name.clone(),
+    });
+    // `start_run` (before_agent) comes first, before the input guard.
+    let start_context = run.start_hooks(resumed, has_history).await?;
     let resume = match input {
         RunInput::Message(input) => {
             run.begin(input, history).await?;
@@ -91,12 +111,7 @@ async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, A
             Some((checkpoint, decisions))
         }
     };
-    run.ctx.emit(|| AgentEvent::RunStarted {
-        run_id: run.ctx.run_id().clone(),
-        parent_run_id: run.ctx.parent_run_id().cloned(),
-        agent: run.config.name.clone(),
-    });
-    run.start_hooks(resume.is_some(), has_history).await?;
+    run.add_start_context(start_context);
     if let Some((checkpoint, decisions)) = resume {
         let calls = checkpoint
             .pending
@@ -178,18 +193,31 @@ impl Run {
         Ok(())
     }
 
-    /// `start_run`: context after the system prompt, for this run only.
-    async fn start_hooks(&mut self, resumed: bool, has_history: bool) -> Result<(), AgentError> {
+    /// `start_run`: context after the system prompt, for this run only. A
+    /// run a lifecycle layer brackets gets what the layer's `before_agent`
+    /// hooks added instead.
+    async fn start_hooks(
+        &mut self,
+        resumed: bool,
+        has_history: bool,
+    ) -> Result<Vec<String>, AgentError> {
+        if self.ctx.is_bracketed() {
+            return Ok(self.ctx.take_bracket_context());
+        }
         let Some(hooks) = &self.hooks else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         let start = RunStart {
             resumed,
             has_history,
         };
-        let texts = hooks.start_run(&self.ctx, start).await.map_err(classify)?;
+        hooks.start_run(&self.ctx, start).await.map_err(classify)
+    }
+
+    /// Puts the `start_run` context right after the system prompt.
+    fn add_start_context(&mut self, texts: Vec<String>) {
         if texts.is_empty() {
-            return Ok(());
+            return;
         }
         self.ephemeral = texts.into_iter().map(Message::system).collect();
         let at = usize::from(
@@ -200,7 +228,6 @@ impl Run {
         self.messages
             .to_mut()
             .splice(at..at, self.ephemeral.iter().cloned());
-        Ok(())
     }
 
     /// Turns until the run ends.
@@ -336,10 +363,9 @@ impl Run {
             "gen_ai.usage.output_tokens" = field::Empty,
             "gen_ai.response.finish_reasons" = field::Empty,
         );
-        let fut: futures::future::BoxFuture<'_, Result<ModelResponse, BoxError>> = match &self.hooks
-        {
+        let fut: crate::hooks::HookFuture<'_, ModelResponse> = match &self.hooks {
             Some(hooks) => hooks.call_model(call, config.model.clone()),
-            None => Box::pin(config.model.clone().oneshot(call)),
+            None => crate::hooks::HookFuture::new(config.model.clone().oneshot(call)),
         };
         let result = race(ctx, fut.instrument(span.clone()))
             .await

@@ -11,7 +11,7 @@ use super::run::{classify, race, Run};
 use super::{panic_message, ToolFlags};
 use crate::error::{AgentError, ErrorKind};
 use crate::event::AgentEvent;
-use crate::hooks::{Notification, ToolCallResult, ToolDecision, ToolVerdict};
+use crate::hooks::{HookFuture, Notification, ToolCallResult, ToolDecision, ToolVerdict};
 use crate::request::{ToolInvocation, ToolOutput};
 use crate::types::{arguments_hash, ApprovalDecision, Checkpoint, Message, PendingCall, ToolCall};
 
@@ -235,9 +235,9 @@ impl Run {
             "gen_ai.agent.name" = %self.config.name,
         );
         let tools = self.config.tools.clone();
-        let fut: BoxFuture<'_, Result<ToolOutput, crate::BoxError>> = match &self.hooks {
+        let fut: HookFuture<'_, ToolOutput> = match &self.hooks {
             Some(hooks) => hooks.call_tool(invocation, tools),
-            None => Box::pin(tools.oneshot(invocation)),
+            None => HookFuture::new(tools.oneshot(invocation)),
         };
         let result = race(ctx, AssertUnwindSafe(fut.instrument(span)).catch_unwind()).await?;
         let mut output = match result {
@@ -248,7 +248,7 @@ impl Run {
             )),
             Ok(Ok(output)) => output,
             Ok(Err(err)) => {
-                let err = classify(err);
+                let err = attribute_tool_tripwire(classify(err), &call.name);
                 match err.kind() {
                     ErrorKind::Tripwire
                     | ErrorKind::Cancelled
@@ -282,8 +282,9 @@ impl Run {
     async fn ask(&self, call: &ToolCall) -> Result<Approval, AgentError> {
         let ctx = &self.ctx;
         if let Some(hooks) = &self.hooks {
-            if let Some(decision) = hooks.decide_approval(ctx, call).await.map_err(classify)? {
-                return self.apply(call, &decision, "hook");
+            if let Some(verdict) = hooks.decide_approval(ctx, call).await.map_err(classify)? {
+                let by = verdict.decided_by.as_deref().unwrap_or("hook");
+                return self.apply(call, &verdict.decision, by);
             }
             let notification = Notification::ApprovalRequested { call: call.clone() };
             hooks
@@ -345,6 +346,29 @@ impl Run {
             decision,
             decided_by: by.to_owned(),
         });
+    }
+}
+
+/// A tripwire a tool raised itself names the tool, unless a middleware
+/// already named itself.
+fn attribute_tool_tripwire(err: AgentError, tool: &str) -> AgentError {
+    match err {
+        AgentError::Tripwire {
+            middleware,
+            hook,
+            reason,
+            info,
+        } if middleware.is_empty() => AgentError::Tripwire {
+            middleware: format!("tool:{tool}"),
+            hook: if hook.is_empty() {
+                "call_tool".into()
+            } else {
+                hook
+            },
+            reason,
+            info,
+        },
+        other => other,
     }
 }
 

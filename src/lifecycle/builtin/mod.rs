@@ -1,0 +1,46 @@
+//! Built-in middleware, as seed 000 lists them: message trimming, context
+//! compression, a prompt-cache guard and usage accounting.
+//!
+//! Place built-ins nearest the model with
+//! [`LifecycleLayer::builtins`](crate::LifecycleLayer::builtins), or anywhere
+//! in a stack like any middleware.
+//!
+//! ```
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_agent::lifecycle::builtin::{
+//!     ContextCompressionMiddleware, MessageTrimMiddleware, PromptCacheGuardMiddleware,
+//!     SummarizationPolicy, TrimStrategy, UsageAccountingMiddleware,
+//! };
+//! use tower_agent::lifecycle::{LifecycleLayer, MiddlewareStack};
+//! use tower_agent::{Agent, RunRequest, ScriptedModel, ScriptedTurn};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::AgentError> {
+//! let accounting = UsageAccountingMiddleware::new();
+//! let guard = PromptCacheGuardMiddleware::new();
+//! let builtins = MiddlewareStack::new()
+//!     .push(ContextCompressionMiddleware::new(SummarizationPolicy::new(16_000)))
+//!     .push(accounting.clone())
+//!     .push_model(MessageTrimMiddleware::new(TrimStrategy::LastMessages(40)))
+//!     .push_model(guard.clone());
+//!
+//! let agent = ServiceBuilder::new()
+//!     .layer(LifecycleLayer::new(MiddlewareStack::new()).builtins(builtins))
+//!     .service(Agent::builder("a").model(ScriptedModel::new([ScriptedTurn::text("hi")])).build()?);
+//! agent.oneshot(RunRequest::new("hello")).await?;
+//! assert_eq!(accounting.totals().responses, 1);
+//! assert!(guard.events().is_empty());
+//! # Ok(()) }
+//! ```
+
+mod cache_guard;
+mod compression;
+mod trim;
+mod usage;
+
+pub(crate) use cache_guard::EditLog;
+pub use cache_guard::{CacheLayoutEvent, PromptCacheGuardMiddleware};
+pub use compression::{
+    ConcatSummarizer, ContextCompressionMiddleware, SummarizationPolicy, Summarizer, SummaryRecord,
+};
+pub use trim::{trim_messages, MessageTrimMiddleware, TrimStrategy};
+pub use usage::{UsageAccountingMiddleware, UsageTotals};

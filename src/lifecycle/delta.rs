@@ -1,0 +1,192 @@
+//! The model and tool calls through one stack: delta hooks on the stream
+//! sink, the wrap chain, then the service below.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use tokio::sync::Notify;
+use tower::Service;
+
+use super::future::ResponseFuture;
+use super::stack::Stack;
+use super::wrap::Next;
+use super::HookPoint;
+use crate::error::{AgentError, BoxError};
+use crate::request::{DeltaSink, ModelCall, ToolInvocation, ToolOutput};
+use crate::service::{BoxModel, BoxTool};
+use crate::types::{ModelDelta, ModelResponse};
+
+/// The first error a delta hook raised, which aborts the call.
+#[derive(Default)]
+struct DeltaFailure {
+    failed: AtomicBool,
+    error: Mutex<Option<AgentError>>,
+    notify: Notify,
+}
+
+impl DeltaFailure {
+    fn fail(&self, err: AgentError) {
+        let mut slot = self.error.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(err);
+            self.failed.store(true, Ordering::Release);
+            self.notify.notify_one();
+        }
+    }
+
+    fn take(&self) -> Option<AgentError> {
+        self.error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// `fut`, unless a delta hook fails first: then its error, and `fut`
+    /// is dropped (the stream is cut).
+    async fn race<T>(&self, fut: impl Future<Output = Result<T, BoxError>>) -> Result<T, BoxError> {
+        tokio::select! {
+            biased;
+            () = self.notify.notified() => Err(self.error_box()),
+            result = fut => match self.take() {
+                Some(err) => Err(Box::new(err)),
+                None => result,
+            },
+        }
+    }
+
+    fn error_box(&self) -> BoxError {
+        match self.take() {
+            Some(err) => Box::new(err),
+            None => "a delta hook failed".into(),
+        }
+    }
+}
+
+/// A sink running `hooks` on each delta before passing it `downstream`.
+fn guard_sink(
+    downstream: Option<DeltaSink>,
+    failure: Arc<DeltaFailure>,
+    hooks: impl Fn(&mut ModelDelta) -> Result<(), AgentError> + Send + Sync + 'static,
+) -> DeltaSink {
+    DeltaSink::new(move |delta| {
+        if failure.failed.load(Ordering::Acquire) {
+            return;
+        }
+        let mut delta = delta.clone();
+        match hooks(&mut delta) {
+            Ok(()) => {
+                if let Some(sink) = &downstream {
+                    sink.send(&delta);
+                }
+            }
+            Err(err) => failure.fail(err),
+        }
+    })
+}
+
+/// One model call through `stack`'s part of the onion. Delta hooks see the
+/// stream only in a run that streams.
+pub(crate) async fn model_call(
+    stack: Arc<Stack>,
+    mut call: ModelCall,
+    base: BoxModel,
+) -> Result<ModelResponse, BoxError> {
+    let failure = match call.stream.take() {
+        Some(sink) if stack.has(HookPoint::OnModelDelta) => {
+            let failure = Arc::new(DeltaFailure::default());
+            let (hooks, ctx) = (stack.clone(), call.context.clone());
+            call.stream = Some(guard_sink(Some(sink), failure.clone(), move |delta| {
+                hooks.on_model_delta(&ctx, delta)
+            }));
+            Some(failure)
+        }
+        sink => {
+            call.stream = sink;
+            None
+        }
+    };
+    let fut = Next::chain(stack.model.clone(), base).run(call);
+    match failure {
+        None => fut.await,
+        Some(failure) => failure.race(fut).await,
+    }
+}
+
+/// One tool call through `stack`'s part of the onion. With delta hooks, the
+/// tool gets a sink for its progress even when nobody else listens.
+pub(crate) async fn tool_call(
+    stack: Arc<Stack>,
+    mut invocation: ToolInvocation,
+    base: BoxTool,
+) -> Result<ToolOutput, BoxError> {
+    let failure = if stack.has(HookPoint::OnToolDelta) {
+        let failure = Arc::new(DeltaFailure::default());
+        let (hooks, ctx, call) = (
+            stack.clone(),
+            invocation.context.clone(),
+            invocation.call.clone(),
+        );
+        invocation.stream = Some(guard_sink(
+            invocation.stream.take(),
+            failure.clone(),
+            move |delta| hooks.on_tool_delta(&ctx, &call, delta),
+        ));
+        Some(failure)
+    } else {
+        None
+    };
+    let fut = Next::chain(stack.tool.clone(), base).run(invocation);
+    match failure {
+        None => fut.await,
+        Some(failure) => failure.race(fut).await,
+    }
+}
+
+/// A stack's part of the model onion as a service: what an inherited
+/// frame's `call_model` gets as its `next`.
+#[derive(Clone)]
+pub(crate) struct OwnModel {
+    pub(crate) stack: Arc<Stack>,
+    pub(crate) base: BoxModel,
+}
+
+impl Service<ModelCall> for OwnModel {
+    type Response = ModelResponse;
+    type Error = BoxError;
+    type Future = ResponseFuture<ModelResponse>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.base.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ModelCall) -> Self::Future {
+        let clone = self.base.clone();
+        let base = std::mem::replace(&mut self.base, clone);
+        ResponseFuture::new(model_call(self.stack.clone(), call, base))
+    }
+}
+
+/// A stack's part of the tool onion as a service.
+#[derive(Clone)]
+pub(crate) struct OwnTool {
+    pub(crate) stack: Arc<Stack>,
+    pub(crate) base: BoxTool,
+}
+
+impl Service<ToolInvocation> for OwnTool {
+    type Response = ToolOutput;
+    type Error = BoxError;
+    type Future = ResponseFuture<ToolOutput>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.base.poll_ready(cx)
+    }
+
+    fn call(&mut self, invocation: ToolInvocation) -> Self::Future {
+        let clone = self.base.clone();
+        let base = std::mem::replace(&mut self.base, clone);
+        ResponseFuture::new(tool_call(self.stack.clone(), invocation, base))
+    }
+}

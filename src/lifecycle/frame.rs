@@ -1,0 +1,392 @@
+//! [`Frame`]: the hook points of one run, as the loop calls them. A frame
+//! composes the hooks the run inherited (from its parent run, or from an
+//! outer lifecycle layer), outermost, with one stack.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tower::ServiceExt;
+
+use super::delta::{model_call, tool_call, OwnModel, OwnTool};
+use super::stack::Stack;
+use super::verdict::merge_verdicts;
+use super::HookPoint;
+use crate::context::RunContext;
+use crate::error::{AgentError, BoxError};
+use crate::hooks::{
+    ApprovalVerdict, Compaction, HookFuture, Notification, RunHooks, RunOutcome, RunStart,
+    ToolCallResult, ToolVerdict,
+};
+use crate::request::{ModelCall, ToolInvocation, ToolOutput};
+use crate::service::{box_model, box_tool, BoxModel, BoxTool};
+use crate::types::{History, Message, ModelResponse, ToolCall};
+
+/// The hook points of a run: `outer` (inherited), then `stack`.
+pub(crate) struct Frame {
+    outer: Option<Arc<dyn RunHooks>>,
+    pub(crate) stack: Arc<Stack>,
+    holds_stream: bool,
+}
+
+impl Frame {
+    pub(crate) fn new(outer: Option<Arc<dyn RunHooks>>, stack: Arc<Stack>) -> Self {
+        let holds_stream = stack.holds_stream || outer.as_ref().is_some_and(|o| o.holds_stream());
+        Self {
+            outer,
+            stack,
+            holds_stream,
+        }
+    }
+}
+
+impl fmt::Debug for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Frame")
+            .field("inherited", &self.outer.is_some())
+            .field("stack", &self.stack)
+            .finish()
+    }
+}
+
+fn boxed(err: AgentError) -> BoxError {
+    Box::new(err)
+}
+
+impl RunHooks for Frame {
+    fn holds_stream(&self) -> bool {
+        self.holds_stream
+    }
+
+    fn start_run<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        start: RunStart,
+    ) -> HookFuture<'a, Vec<String>> {
+        match (&self.outer, self.stack.has(HookPoint::BeforeAgent)) {
+            (None, false) => HookFuture::ok(Vec::new()),
+            (Some(outer), false) => outer.start_run(ctx, start),
+            (outer, true) => HookFuture::new(async move {
+                let mut texts = match outer {
+                    Some(outer) => outer.start_run(ctx, start).await?,
+                    None => Vec::new(),
+                };
+                texts.extend(self.stack.before_agent(ctx, start).await.map_err(boxed)?);
+                Ok(texts)
+            }),
+        }
+    }
+
+    fn before_run<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        input: &'a mut Message,
+        messages: &'a [Message],
+    ) -> HookFuture<'a, Vec<String>> {
+        match (&self.outer, self.stack.has(HookPoint::BeforeRun)) {
+            (None, false) => HookFuture::ok(Vec::new()),
+            (Some(outer), false) => outer.before_run(ctx, input, messages),
+            (outer, true) => HookFuture::new(async move {
+                let mut texts = match outer {
+                    Some(outer) => outer.before_run(ctx, input, messages).await?,
+                    None => Vec::new(),
+                };
+                let own = self.stack.before_run(ctx, input, messages);
+                texts.extend(own.await.map_err(boxed)?);
+                Ok(texts)
+            }),
+        }
+    }
+
+    fn before_model<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        messages: &'a mut History,
+    ) -> HookFuture<'a, ()> {
+        match (&self.outer, self.stack.has(HookPoint::BeforeModel)) {
+            (None, false) => HookFuture::ok(()),
+            (Some(outer), false) => outer.before_model(ctx, messages),
+            (outer, true) => HookFuture::new(async move {
+                if let Some(outer) = outer {
+                    outer.before_model(ctx, messages).await?;
+                }
+                self.stack.before_model(ctx, messages).await.map_err(boxed)
+            }),
+        }
+    }
+
+    fn call_model<'a>(&'a self, call: ModelCall, next: BoxModel) -> HookFuture<'a, ModelResponse> {
+        let own = self.stack.wraps_model();
+        match &self.outer {
+            None if !own => HookFuture::new(next.oneshot(call)),
+            None => HookFuture::new(model_call(self.stack.clone(), call, next)),
+            Some(outer) if !own => outer.call_model(call, next),
+            Some(outer) => {
+                let own = box_model(OwnModel {
+                    stack: self.stack.clone(),
+                    base: next,
+                });
+                outer.call_model(call, own)
+            }
+        }
+    }
+
+    fn after_model<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        response: &'a mut ModelResponse,
+    ) -> HookFuture<'a, ()> {
+        match (&self.outer, self.stack.has(HookPoint::AfterModel)) {
+            (None, false) => HookFuture::ok(()),
+            (Some(outer), false) => outer.after_model(ctx, response),
+            (outer, true) => HookFuture::new(async move {
+                self.stack.after_model(ctx, response).await.map_err(boxed)?;
+                match outer {
+                    Some(outer) => outer.after_model(ctx, response).await,
+                    None => Ok(()),
+                }
+            }),
+        }
+    }
+
+    fn before_tool<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        call: &'a ToolCall,
+        resumed: bool,
+    ) -> HookFuture<'a, ToolVerdict> {
+        match (&self.outer, self.stack.has(HookPoint::BeforeTool)) {
+            (None, false) => HookFuture::ok(ToolVerdict::default()),
+            (Some(outer), false) => outer.before_tool(ctx, call, resumed),
+            (None, true) => HookFuture::new(async move {
+                self.stack
+                    .before_tool(ctx, call, resumed)
+                    .await
+                    .map_err(boxed)
+            }),
+            (Some(outer), true) => HookFuture::new(async move {
+                let first = outer.before_tool(ctx, call, resumed).await?;
+                // The inner stack sees the outer one's rewrite.
+                let rewritten;
+                let asked = match &first.updated_arguments {
+                    Some(arguments) => {
+                        rewritten = ToolCall {
+                            arguments: arguments.to_string(),
+                            ..call.clone()
+                        };
+                        &rewritten
+                    }
+                    None => call,
+                };
+                let second = self.stack.before_tool(ctx, asked, resumed).await;
+                Ok(merge_verdicts(first, second.map_err(boxed)?))
+            }),
+        }
+    }
+
+    fn decide_approval<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        call: &'a ToolCall,
+    ) -> HookFuture<'a, Option<ApprovalVerdict>> {
+        match (&self.outer, self.stack.has(HookPoint::DecideApproval)) {
+            (None, false) => HookFuture::ok(None),
+            (Some(outer), false) => outer.decide_approval(ctx, call),
+            (outer, true) => HookFuture::new(async move {
+                if let Some(outer) = outer {
+                    if let Some(verdict) = outer.decide_approval(ctx, call).await? {
+                        return Ok(Some(verdict));
+                    }
+                }
+                self.stack.decide_approval(ctx, call).await.map_err(boxed)
+            }),
+        }
+    }
+
+    fn call_tool<'a>(
+        &'a self,
+        invocation: ToolInvocation,
+        next: BoxTool,
+    ) -> HookFuture<'a, ToolOutput> {
+        let own = self.stack.wraps_tool();
+        match &self.outer {
+            None if !own => HookFuture::new(next.oneshot(invocation)),
+            None => HookFuture::new(tool_call(self.stack.clone(), invocation, next)),
+            Some(outer) if !own => outer.call_tool(invocation, next),
+            Some(outer) => {
+                let own = box_tool(OwnTool {
+                    stack: self.stack.clone(),
+                    base: next,
+                });
+                outer.call_tool(invocation, own)
+            }
+        }
+    }
+
+    fn after_tool<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        call: &'a ToolCall,
+        output: &'a mut ToolOutput,
+    ) -> HookFuture<'a, ()> {
+        match (&self.outer, self.stack.has(HookPoint::AfterTool)) {
+            (None, false) => HookFuture::ok(()),
+            (Some(outer), false) => outer.after_tool(ctx, call, output),
+            (outer, true) => HookFuture::new(async move {
+                self.stack
+                    .after_tool(ctx, call, output)
+                    .await
+                    .map_err(boxed)?;
+                match outer {
+                    Some(outer) => outer.after_tool(ctx, call, output).await,
+                    None => Ok(()),
+                }
+            }),
+        }
+    }
+
+    fn after_tool_batch<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        results: &'a [ToolCallResult],
+    ) -> HookFuture<'a, ()> {
+        match (&self.outer, self.stack.has(HookPoint::AfterToolBatch)) {
+            (None, false) => HookFuture::ok(()),
+            (Some(outer), false) => outer.after_tool_batch(ctx, results),
+            (outer, true) => HookFuture::new(async move {
+                self.stack
+                    .after_tool_batch(ctx, results)
+                    .await
+                    .map_err(boxed)?;
+                match outer {
+                    Some(outer) => outer.after_tool_batch(ctx, results).await,
+                    None => Ok(()),
+                }
+            }),
+        }
+    }
+
+    fn before_stop<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        output: &'a Message,
+        continuations: u32,
+    ) -> HookFuture<'a, Option<String>> {
+        match (&self.outer, self.stack.has(HookPoint::BeforeStop)) {
+            (None, false) => HookFuture::ok(None),
+            (Some(outer), false) => outer.before_stop(ctx, output, continuations),
+            (outer, true) => HookFuture::new(async move {
+                if let Some(outer) = outer {
+                    if let Some(text) = outer.before_stop(ctx, output, continuations).await? {
+                        return Ok(Some(text));
+                    }
+                }
+                let own = self.stack.before_stop(ctx, output, continuations);
+                own.await.map_err(boxed)
+            }),
+        }
+    }
+
+    fn before_model_switch<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        from: &'a str,
+        to: &'a str,
+    ) -> HookFuture<'a, bool> {
+        match (&self.outer, self.stack.has(HookPoint::BeforeModelSwitch)) {
+            (None, false) => HookFuture::ok(true),
+            (Some(outer), false) => outer.before_model_switch(ctx, from, to),
+            (outer, true) => HookFuture::new(async move {
+                let outer_allows = match outer {
+                    Some(outer) => outer.before_model_switch(ctx, from, to).await?,
+                    None => true,
+                };
+                let own = self.stack.before_model_switch(ctx, from, to);
+                Ok(own.await.map_err(boxed)? && outer_allows)
+            }),
+        }
+    }
+
+    fn on_notification<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        notification: &'a Notification,
+    ) -> HookFuture<'a, ()> {
+        match (&self.outer, self.stack.has(HookPoint::OnNotification)) {
+            (None, false) => HookFuture::ok(()),
+            (Some(outer), false) => outer.on_notification(ctx, notification),
+            (outer, true) => HookFuture::new(async move {
+                if let Some(outer) = outer {
+                    outer.on_notification(ctx, notification).await?;
+                }
+                let own = self.stack.on_notification(ctx, notification);
+                own.await.map_err(boxed)
+            }),
+        }
+    }
+
+    fn on_error<'a>(&'a self, ctx: &'a RunContext, error: &'a AgentError) -> HookFuture<'a, ()> {
+        match (&self.outer, self.stack.has(HookPoint::OnError)) {
+            (None, false) => HookFuture::ok(()),
+            (Some(outer), false) => outer.on_error(ctx, error),
+            (outer, true) => HookFuture::new(async move {
+                self.stack.on_error(ctx, error).await;
+                match outer {
+                    Some(outer) => outer.on_error(ctx, error).await,
+                    None => Ok(()),
+                }
+            }),
+        }
+    }
+
+    fn end_run<'a>(&'a self, ctx: &'a RunContext, outcome: RunOutcome<'a>) -> HookFuture<'a, ()> {
+        match (&self.outer, self.stack.has(HookPoint::AfterAgent)) {
+            (None, false) => HookFuture::ok(()),
+            (Some(outer), false) => outer.end_run(ctx, outcome),
+            (outer, true) => HookFuture::new(async move {
+                self.stack.after_agent(ctx, outcome).await;
+                match outer {
+                    Some(outer) => outer.end_run(ctx, outcome).await,
+                    None => Ok(()),
+                }
+            }),
+        }
+    }
+
+    fn before_compaction<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        messages: &'a History,
+    ) -> HookFuture<'a, bool> {
+        match (&self.outer, self.stack.has(HookPoint::BeforeCompaction)) {
+            (None, false) => HookFuture::ok(true),
+            (Some(outer), false) => outer.before_compaction(ctx, messages),
+            (outer, true) => HookFuture::new(async move {
+                let outer_allows = match outer {
+                    Some(outer) => outer.before_compaction(ctx, messages).await?,
+                    None => true,
+                };
+                let own = self.stack.before_compaction(ctx, messages);
+                Ok(own.await.map_err(boxed)? && outer_allows)
+            }),
+        }
+    }
+
+    fn after_compaction<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        compaction: &'a Compaction,
+    ) -> HookFuture<'a, ()> {
+        match (&self.outer, self.stack.has(HookPoint::AfterCompaction)) {
+            (None, false) => HookFuture::ok(()),
+            (Some(outer), false) => outer.after_compaction(ctx, compaction),
+            (outer, true) => HookFuture::new(async move {
+                let own = self.stack.after_compaction(ctx, compaction);
+                own.await.map_err(boxed)?;
+                match outer {
+                    Some(outer) => outer.after_compaction(ctx, compaction).await,
+                    None => Ok(()),
+                }
+            }),
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! One hook invocation: events, panics, the fail policy, attribution.
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use futures::FutureExt;
+use tokio::time::Instant;
+
+use super::middleware::HookKind;
+use super::{Hook, HookPoint, HookSet, Middleware};
+use crate::context::RunContext;
+use crate::error::{AgentError, BoxError};
+use crate::event::AgentEvent;
+
+/// A registered lifecycle middleware, with what the stack reads once.
+pub(crate) struct Entry {
+    pub(crate) mw: Arc<dyn Middleware>,
+    pub(crate) name: Arc<str>,
+    pub(crate) hooks: HookSet,
+    pub(crate) fail_open: bool,
+    pub(crate) holds_stream: bool,
+}
+
+impl Entry {
+    pub(crate) fn new(mw: Arc<dyn Middleware>) -> Self {
+        Self {
+            name: Arc::from(mw.name()),
+            hooks: mw.hooks(),
+            fail_open: mw.fail_policy() == super::FailPolicy::Open,
+            holds_stream: mw.holds_stream(),
+            mw,
+        }
+    }
+}
+
+impl Clone for Entry {
+    fn clone(&self) -> Self {
+        Self {
+            mw: self.mw.clone(),
+            name: self.name.clone(),
+            hooks: self.hooks,
+            fail_open: self.fail_open,
+            holds_stream: self.holds_stream,
+        }
+    }
+}
+
+pub(crate) fn started(ctx: &RunContext, name: &Arc<str>, hook: HookPoint) {
+    ctx.emit(|| AgentEvent::MiddlewareStarted {
+        run_id: ctx.run_id().clone(),
+        middleware: name.clone(),
+        hook: hook.as_str(),
+    });
+}
+
+pub(crate) fn completed(ctx: &RunContext, name: &Arc<str>, hook: HookPoint, outcome: &'static str) {
+    ctx.emit(|| AgentEvent::MiddlewareCompleted {
+        run_id: ctx.run_id().clone(),
+        middleware: name.clone(),
+        hook: hook.as_str(),
+        outcome,
+    });
+}
+
+/// The `MiddlewareStarted` of one invocation, which owes its
+/// `MiddlewareCompleted`: if the invocation's future is dropped before it
+/// closes (a sibling tool call failed, the run was dropped), the drop emits
+/// it with outcome `cancelled`, so the pair stays balanced.
+pub(crate) struct Bracket<'a> {
+    ctx: &'a RunContext,
+    name: &'a Arc<str>,
+    hook: HookPoint,
+    open: bool,
+}
+
+impl<'a> Bracket<'a> {
+    pub(crate) fn open(ctx: &'a RunContext, name: &'a Arc<str>, hook: HookPoint) -> Self {
+        started(ctx, name, hook);
+        Self {
+            ctx,
+            name,
+            hook,
+            open: true,
+        }
+    }
+
+    pub(crate) fn close(mut self, outcome: &'static str) {
+        self.open = false;
+        completed(self.ctx, self.name, self.hook, outcome);
+    }
+}
+
+impl Drop for Bracket<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            completed(self.ctx, self.name, self.hook, "cancelled");
+        }
+    }
+}
+
+/// Logs an error that must not fail the run (fail-open, `on_error`,
+/// `after_agent`).
+pub(crate) fn log_ignored(ctx: &RunContext, name: &Arc<str>, hook: HookPoint, err: &AgentError) {
+    tracing::warn!(middleware = %name, hook = hook.as_str(), error = %err, "middleware error ignored");
+    ctx.emit(|| AgentEvent::MiddlewareFailedOpen {
+        run_id: ctx.run_id().clone(),
+        middleware: name.clone(),
+        hook: hook.as_str(),
+        error: err.to_string(),
+    });
+}
+
+/// The text of a panic's payload.
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
+pub(crate) fn panicked(name: &str, hook: HookPoint, payload: &(dyn Any + Send)) -> AgentError {
+    AgentError::Middleware {
+        middleware: name.to_owned(),
+        hook: hook.as_str().to_owned(),
+        source: format!("panicked: {}", panic_message(payload)).into(),
+    }
+}
+
+/// The run error a hook's error becomes: a tripwire gets the middleware and
+/// the hook filled in, an unclassified error becomes
+/// [`AgentError::Middleware`], anything the run knows (a provider error, a
+/// cancellation, a nested run's tripwire) stays as it is.
+pub(crate) fn attribute(err: BoxError, name: &str, hook: HookPoint) -> AgentError {
+    match AgentError::classify(err) {
+        AgentError::Tripwire {
+            middleware,
+            reason,
+            info,
+            ..
+        } if middleware.is_empty() => AgentError::Tripwire {
+            middleware: name.to_owned(),
+            hook: hook.as_str().to_owned(),
+            reason,
+            info,
+        },
+        AgentError::Other(source) => AgentError::Middleware {
+            middleware: name.to_owned(),
+            hook: hook.as_str().to_owned(),
+            source,
+        },
+        other => other,
+    }
+}
+
+/// Fills in the middleware and hook of a nameless tripwire; leaves any other
+/// error as it is (a wrap middleware passes its inner call's errors on).
+pub(crate) fn name_tripwire(err: BoxError, name: &str, hook: &str) -> BoxError {
+    if !matches!(err.downcast_ref::<AgentError>(), Some(AgentError::Tripwire { middleware, .. }) if middleware.is_empty())
+    {
+        return err;
+    }
+    match err.downcast::<AgentError>() {
+        Ok(agent) => match *agent {
+            AgentError::Tripwire { reason, info, .. } => Box::new(AgentError::Tripwire {
+                middleware: name.to_owned(),
+                hook: hook.to_owned(),
+                reason,
+                info,
+            }),
+            other => Box::new(other),
+        },
+        Err(err) => err,
+    }
+}
+
+/// Races `fut` against the run's cancellation and deadline: a hook still
+/// running then is no longer waited for.
+async fn race<F: Future>(ctx: &RunContext, fut: F) -> Result<F::Output, AgentError> {
+    async fn until(deadline: Option<Instant>) {
+        match deadline {
+            Some(deadline) => tokio::time::sleep_until(deadline).await,
+            None => std::future::pending().await,
+        }
+    }
+    tokio::select! {
+        biased;
+        () = ctx.cancelled() => Err(AgentError::Cancelled),
+        () = until(ctx.deadline()) => Err(AgentError::Timeout),
+        out = fut => Ok(out),
+    }
+}
+
+/// What became of a hook that failed: the run's error, or `None` when the
+/// middleware fails open.
+fn fail<T>(
+    entry: &Entry,
+    ctx: &RunContext,
+    hook: HookPoint,
+    err: AgentError,
+) -> Result<Option<T>, AgentError> {
+    let decision = matches!(
+        err,
+        AgentError::Tripwire { .. } | AgentError::Cancelled | AgentError::Timeout
+    );
+    if entry.fail_open && !decision {
+        log_ignored(ctx, &entry.name, hook, &err);
+        return Ok(None);
+    }
+    Err(err)
+}
+
+/// Invokes one hook of one middleware. `make` calls the hook method.
+///
+/// `Ok(None)`: the hook skipped (or failed open). Events bracket every
+/// invocation that did not skip, balanced whatever happens; a panic fails
+/// with [`AgentError::Middleware`].
+pub(crate) async fn invoke<'h, T>(
+    entry: &Entry,
+    ctx: &RunContext,
+    hook: HookPoint,
+    make: impl FnOnce() -> Hook<'h, T>,
+) -> Result<Option<T>, AgentError> {
+    let kind = match catch_unwind(AssertUnwindSafe(make)) {
+        Ok(Hook(kind)) => kind,
+        Err(panic) => {
+            started(ctx, &entry.name, hook);
+            completed(ctx, &entry.name, hook, "panic");
+            return fail(entry, ctx, hook, panicked(&entry.name, hook, &*panic));
+        }
+    };
+    #[cfg(debug_assertions)]
+    if !entry.hooks.contains(hook) {
+        if matches!(kind, HookKind::Skip) {
+            return Ok(None);
+        }
+        return Err(AgentError::Middleware {
+            middleware: entry.name.to_string(),
+            hook: hook.as_str().to_owned(),
+            source: format!(
+                "the middleware overrides `{hook}` but its `hooks()` leaves it out, so release \
+                 builds would never call it; add `HookSet::{}` to `hooks()`",
+                hook.as_str().to_uppercase()
+            )
+            .into(),
+        });
+    }
+    let (bracket, result) = match kind {
+        HookKind::Skip => return Ok(None),
+        HookKind::Ready(result) => (Bracket::open(ctx, &entry.name, hook), result),
+        HookKind::Pending(future) => {
+            let bracket = Bracket::open(ctx, &entry.name, hook);
+            let guarded = AssertUnwindSafe(future).catch_unwind();
+            let outcome = if matches!(hook, HookPoint::OnError | HookPoint::AfterAgent) {
+                // Closing hooks run after a cancellation too: they decide.
+                Ok(guarded.await)
+            } else {
+                race(ctx, guarded).await
+            };
+            match outcome {
+                Ok(Ok(result)) => (bracket, result),
+                Ok(Err(panic)) => {
+                    bracket.close("panic");
+                    return fail(entry, ctx, hook, panicked(&entry.name, hook, &*panic));
+                }
+                Err(stopped) => {
+                    bracket.close("error");
+                    return Err(stopped);
+                }
+            }
+        }
+    };
+    ctx.attribute_stop(&entry.name);
+    match result {
+        Ok(value) => {
+            bracket.close("ok");
+            Ok(Some(value))
+        }
+        Err(err) => {
+            bracket.close("error");
+            fail(entry, ctx, hook, attribute(err, &entry.name, hook))
+        }
+    }
+}
+
+/// Runs a synchronous delta hook: no events, panics caught.
+pub(crate) fn invoke_delta(
+    entry: &Entry,
+    ctx: &RunContext,
+    hook: HookPoint,
+    f: impl FnOnce() -> Result<(), BoxError>,
+) -> Result<(), AgentError> {
+    let err = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(err)) => attribute(err, &entry.name, hook),
+        Err(panic) => panicked(&entry.name, hook, &*panic),
+    };
+    fail::<()>(entry, ctx, hook, err).map(|_| ())
+}

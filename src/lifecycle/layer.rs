@@ -1,0 +1,240 @@
+//! [`LifecycleLayer`]: installs the hooks into a run and brackets it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tower::{Layer, Service};
+
+use super::frame::Frame;
+use super::future::ResponseFuture;
+use super::runtime::RunMiddleware;
+use super::stack::Stack;
+use super::MiddlewareStack;
+use crate::context::RunContext;
+use crate::error::{AgentError, BoxError};
+use crate::hooks::{RunHooks, RunOutcome, RunStart};
+use crate::request::{RunInput, RunRequest};
+use crate::types::AgentRun;
+
+/// A tower [`Layer`] over a run service (an [`Agent`](crate::Agent), layered
+/// or not) that runs a [`MiddlewareStack`]'s hooks in every run through it.
+///
+/// For each run it
+/// - composes the middleware: those the run inherited (from the parent run
+///   of a nested agent, or from an outer lifecycle layer) outermost, then
+///   the runtime's ([`Runtime::layer`](super::Runtime::layer)), this layer's
+///   (the agent's), the run's ([`RunMiddleware`] in the request's
+///   extensions) and the built-ins nearest the model;
+/// - installs them into the run's [`RunContext`], where the run loop calls
+///   them, and nested runs inherit them;
+/// - brackets the run: `before_agent` before the service is called, then
+///   `on_error` (if it failed) and `after_agent` once, with the result the
+///   caller gets, also when the service or a layer between fails.
+///
+/// See the [module docs](super) for an example.
+#[derive(Clone)]
+pub struct LifecycleLayer {
+    runtime: Option<Arc<Stack>>,
+    agent: Arc<Stack>,
+    builtins: Arc<Stack>,
+}
+
+impl LifecycleLayer {
+    /// A layer running `stack` (the agent's middleware).
+    pub fn new(stack: MiddlewareStack) -> Self {
+        Self {
+            runtime: None,
+            agent: stack.compile(),
+            builtins: Stack::empty(),
+        }
+    }
+
+    pub(crate) fn with_runtime(runtime: Arc<Stack>, agent: Arc<Stack>) -> Self {
+        Self {
+            runtime: Some(runtime),
+            agent,
+            builtins: Stack::empty(),
+        }
+    }
+
+    /// Middleware placed nearest the model, inside the run's.
+    pub fn builtins(mut self, stack: MiddlewareStack) -> Self {
+        self.builtins = stack.compile();
+        self
+    }
+}
+
+impl fmt::Debug for LifecycleLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LifecycleLayer")
+            .field("runtime", &self.runtime)
+            .field("agent", &self.agent)
+            .field("builtins", &self.builtins)
+            .finish()
+    }
+}
+
+impl<S> Layer<S> for LifecycleLayer {
+    type Service = Lifecycle<S>;
+
+    fn layer(&self, inner: S) -> Lifecycle<S> {
+        Lifecycle {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// A run service whose runs are bracketed by lifecycle hooks; made by
+/// [`LifecycleLayer`].
+#[derive(Clone)]
+pub struct Lifecycle<S> {
+    inner: S,
+    layer: LifecycleLayer,
+}
+
+impl<S> Lifecycle<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Lifecycle<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lifecycle")
+            .field("inner", &self.inner)
+            .field("layer", &self.layer)
+            .finish()
+    }
+}
+
+/// Marks a run (and so its nested runs) as served by a runtime's middleware.
+#[derive(Clone)]
+struct RuntimeMark(usize);
+
+fn runtime_id(stack: &Arc<Stack>) -> usize {
+    Arc::as_ptr(stack) as *const () as usize
+}
+
+/// Whether `ctx` or a run it is nested in already has this runtime's
+/// middleware: a nested agent of the same runtime does not run them twice.
+fn runtime_active(ctx: &RunContext, id: usize) -> bool {
+    let mut current = Some(ctx);
+    while let Some(ctx) = current {
+        if ctx.with_state(|s| s.get::<RuntimeMark>().is_some_and(|m| m.0 == id)) {
+            return true;
+        }
+        current = ctx.parent();
+    }
+    false
+}
+
+impl<S> Service<RunRequest> for Lifecycle<S>
+where
+    S: Service<RunRequest, Response = AgentRun> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = AgentRun;
+    type Error = AgentError;
+    type Future = ResponseFuture<AgentRun, AgentError>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), AgentError>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| AgentError::classify(e.into()))
+    }
+
+    fn call(&mut self, mut request: RunRequest) -> Self::Future {
+        let ctx = request.context.clone();
+        // An outer lifecycle layer on this same run already brackets it:
+        // this one adds its middleware inside and brackets only those.
+        let nested = ctx.is_bracketed();
+        let run = request.extensions.remove::<RunMiddleware>();
+        let runtime = self.layer.runtime.as_ref().filter(|rt| {
+            let id = runtime_id(rt);
+            if runtime_active(&ctx, id) {
+                return false;
+            }
+            ctx.with_state(|s| s.insert(RuntimeMark(id)));
+            true
+        });
+        let empty = Stack::empty();
+        let stack = Stack::compose(&[
+            runtime.unwrap_or(&empty),
+            &self.layer.agent,
+            run.as_ref().map_or(&empty, |r| &r.stack),
+            &self.layer.builtins,
+        ]);
+        let frame = Arc::new(Frame::new(ctx.hooks(), stack));
+        ctx.install_hooks(Some(frame.clone() as Arc<dyn RunHooks>));
+        let resumed = matches!(request.input, RunInput::Resume { .. });
+        let start = RunStart {
+            resumed,
+            has_history: resumed || !request.history.is_empty(),
+        };
+        // Take the service that was made ready; leave a clone behind.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::new(bracket(frame, nested, ctx, start, inner, request))
+    }
+}
+
+/// `before_agent`, the run, then `on_error` and `after_agent` exactly once.
+async fn bracket<S>(
+    frame: Arc<Frame>,
+    nested: bool,
+    ctx: RunContext,
+    start: RunStart,
+    mut inner: S,
+    request: RunRequest,
+) -> Result<AgentRun, AgentError>
+where
+    S: Service<RunRequest, Response = AgentRun>,
+    S::Error: Into<BoxError>,
+{
+    let opened = if nested {
+        frame.stack.before_agent(&ctx, start).await
+    } else {
+        frame
+            .start_run(&ctx, start)
+            .await
+            .map_err(AgentError::classify)
+    };
+    let result = match opened {
+        Ok(context) => {
+            ctx.mark_bracketed(context);
+            inner
+                .call(request)
+                .await
+                .map_err(|e| AgentError::classify(e.into()))
+        }
+        Err(err) => Err(err),
+    };
+    if let Err(err) = &result {
+        if nested {
+            frame.stack.on_error(&ctx, err).await;
+        } else {
+            let _ = frame.on_error(&ctx, err).await;
+        }
+    }
+    let outcome = RunOutcome::of(&result);
+    if nested {
+        frame.stack.after_agent(&ctx, outcome).await;
+    } else {
+        let _ = frame.end_run(&ctx, outcome).await;
+    }
+    result
+}

@@ -1,0 +1,349 @@
+//! The [`Middleware`] trait: lifecycle hooks, each with a no-op default.
+
+use std::fmt;
+use std::future::Future;
+
+use futures::future::BoxFuture;
+
+use super::HookSet;
+use crate::context::RunContext;
+use crate::error::{AgentError, BoxError};
+use crate::hooks::{Compaction, Notification, RunOutcome, RunStart, ToolCallResult, ToolVerdict};
+use crate::request::ToolOutput;
+use crate::types::{ApprovalDecision, History, Message, ModelDelta, ModelResponse, ToolCall};
+
+/// What a hook returns: nothing to do, a result already there, or a future.
+///
+/// - [`Hook::skip`]: the hook has nothing to do here (what every default
+///   does). The stack treats it as if the hook were not there: no events,
+///   no value.
+/// - [`Hook::ok`] / [`Hook::ready`]: a synchronous hook, done. Costs no
+///   allocation.
+/// - [`Hook::new`]: an async hook; its future is boxed.
+///
+/// ```
+/// use tower_agent::lifecycle::Hook;
+///
+/// let done: Hook<'_, u32> = Hook::ok(3);
+/// assert!(done.is_ready());
+/// let later: Hook<'_, u32> = Hook::new(async { Ok(3) });
+/// assert!(!later.is_ready() && !later.is_skip());
+/// ```
+#[must_use = "a hook does nothing unless the stack runs it"]
+pub struct Hook<'a, T>(pub(crate) HookKind<'a, T>);
+
+pub(crate) enum HookKind<'a, T> {
+    Skip,
+    Ready(Result<T, BoxError>),
+    Pending(BoxFuture<'a, Result<T, BoxError>>),
+}
+
+impl<'a, T> Hook<'a, T> {
+    /// Nothing to do here: as if the hook were not overridden.
+    pub fn skip() -> Self {
+        Hook(HookKind::Skip)
+    }
+
+    /// Done with `value`.
+    pub fn ok(value: T) -> Self {
+        Hook(HookKind::Ready(Ok(value)))
+    }
+
+    /// Done with `result`.
+    pub fn ready(result: Result<T, BoxError>) -> Self {
+        Hook(HookKind::Ready(result))
+    }
+
+    /// Failed with `error` (a [`tripwire`](crate::tripwire) among others).
+    pub fn err(error: impl Into<BoxError>) -> Self {
+        Hook(HookKind::Ready(Err(error.into())))
+    }
+
+    /// An async hook: the stack awaits `future`.
+    pub fn new<F>(future: F) -> Self
+    where
+        F: Future<Output = Result<T, BoxError>> + Send + 'a,
+    {
+        Hook(HookKind::Pending(Box::pin(future)))
+    }
+
+    /// Whether this is [`Hook::skip`].
+    pub fn is_skip(&self) -> bool {
+        matches!(self.0, HookKind::Skip)
+    }
+
+    /// Whether the result is already there.
+    pub fn is_ready(&self) -> bool {
+        matches!(self.0, HookKind::Ready(_))
+    }
+
+    /// Runs the hook: `None` for [`Hook::skip`]. For tests of a middleware
+    /// on its own; in a run the stack does this.
+    pub async fn run(self) -> Option<Result<T, BoxError>> {
+        match self.0 {
+            HookKind::Skip => None,
+            HookKind::Ready(result) => Some(result),
+            HookKind::Pending(future) => Some(future.await),
+        }
+    }
+}
+
+impl<T> fmt::Debug for Hook<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0 {
+            HookKind::Skip => "Hook::Skip",
+            HookKind::Ready(_) => "Hook::Ready",
+            HookKind::Pending(_) => "Hook::Pending",
+        })
+    }
+}
+
+impl<'a, T, E: Into<BoxError>> From<Result<T, E>> for Hook<'a, T> {
+    fn from(result: Result<T, E>) -> Self {
+        Hook::ready(result.map_err(Into::into))
+    }
+}
+
+/// What a middleware's error does to the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailPolicy {
+    /// Its error fails the run (the default; what a guard wants).
+    #[default]
+    Closed,
+    /// Its error, or its panic, is logged as a
+    /// [`MiddlewareFailedOpen`](crate::event::AgentEvent::MiddlewareFailedOpen)
+    /// event and the run goes on as if the hook had no opinion: for
+    /// observers that must never fail a run. A [`tripwire`](crate::tripwire)
+    /// is a decision, not a failure: it still ends the run.
+    Open,
+}
+
+/// Lifecycle hooks around a run. Every hook has a no-op default; see the
+/// [module docs](super) for when each runs, the order, the events and
+/// errors.
+///
+/// Values a hook may change are passed `&mut`; a hook that decides returns a
+/// typed value. Every hook returns a [`Hook`]: its `Err` short-circuits the
+/// stack and fails the run (unless the middleware is
+/// [`FailPolicy::Open`]); a [`tripwire`](crate::tripwire) ends it with
+/// `GUARDRAIL_TRIPPED`, naming this middleware and the hook.
+///
+/// # Declaring the hooks
+///
+/// [`hooks`](Self::hooks) says which hooks the middleware overrides (all of
+/// them by default). The stack never calls the others, so a middleware that
+/// declares its hooks costs nothing at the points it ignores. In debug
+/// builds the stack checks the declaration: an overridden async hook left
+/// out of it fails the run with an error naming it. The delta hooks are
+/// synchronous and cannot be checked: declare them.
+///
+/// ```
+/// use tower_agent::lifecycle::{Hook, HookSet, Middleware};
+/// use tower_agent::types::History;
+/// use tower_agent::RunContext;
+///
+/// struct Reminder;
+///
+/// impl Middleware for Reminder {
+///     fn name(&self) -> &str {
+///         "reminder"
+///     }
+///
+///     fn hooks(&self) -> HookSet {
+///         HookSet::BEFORE_MODEL
+///     }
+///
+///     fn before_model<'a>(&'a self, ctx: &'a RunContext, messages: &'a mut History) -> Hook<'a, ()> {
+///         if ctx.iteration() == 5 {
+///             messages.push(tower_agent::Message::user("Wrap up soon."));
+///         }
+///         Hook::ok(())
+///     }
+/// }
+/// ```
+#[allow(unused_variables)]
+pub trait Middleware: Send + Sync + 'static {
+    /// The name events, tripwires and stops carry.
+    fn name(&self) -> &str;
+
+    /// The hooks this middleware overrides. See the trait docs.
+    fn hooks(&self) -> HookSet {
+        HookSet::ALL
+    }
+
+    /// Whether the run must hold each turn's streamed text until
+    /// `after_model` ran, then send the final text in one piece.
+    fn holds_stream(&self) -> bool {
+        false
+    }
+
+    /// Whether its errors fail the run (the default) or are only logged.
+    fn fail_policy(&self) -> FailPolicy {
+        FailPolicy::Closed
+    }
+
+    /// A run starts, new or resumed, before its input guard and its first
+    /// model call. `Some(text)` adds `text` right after the system prompt,
+    /// for this run only (it is not kept in the transcript).
+    fn before_agent<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        start: RunStart,
+    ) -> Hook<'a, Option<String>> {
+        Hook::skip()
+    }
+
+    /// A new run's input, before any model call: the input guard. `messages`
+    /// are what the first turn starts from (system prompt and history).
+    /// `Some(text)` adds `text` after the input as a system message, kept in
+    /// the transcript.
+    fn before_run<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        input: &'a mut Message,
+        messages: &'a [Message],
+    ) -> Hook<'a, Option<String>> {
+        Hook::skip()
+    }
+
+    /// Before each model turn; may change the messages from then on. After
+    /// an edit, the run checks that every tool call still has its result.
+    fn before_model<'a>(&'a self, ctx: &'a RunContext, messages: &'a mut History) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+
+    /// Each streamed delta of a model call, in a run that streams; may change
+    /// it. Synchronous and without events: it is on the token hot path. An
+    /// `Err` aborts the model call.
+    fn on_model_delta(&self, ctx: &RunContext, delta: &mut ModelDelta) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// After each answer, before the run uses it: may replace its content or
+    /// its tool calls (an empty list makes it the final answer).
+    fn after_model<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        response: &'a mut ModelResponse,
+    ) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+
+    /// Before each tool call is decided, and again for a waiting call when a
+    /// paused run resumes (`resumed`). `call` carries the arguments as the
+    /// middleware before this one left them. See [`ToolVerdict`] and the
+    /// module docs for how verdicts merge.
+    fn before_tool<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        call: &'a ToolCall,
+        resumed: bool,
+    ) -> Hook<'a, ToolVerdict> {
+        Hook::skip()
+    }
+
+    /// Each delta a tool streams (its progress); may change it. Synchronous,
+    /// without events. An `Err` aborts the tool call.
+    fn on_tool_delta(
+        &self,
+        ctx: &RunContext,
+        call: &ToolCall,
+        delta: &mut ModelDelta,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// After each tool call; may change the result the model reads.
+    fn after_tool<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        call: &'a ToolCall,
+        output: &'a mut ToolOutput,
+    ) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+
+    /// Every call of a step has its result, before the next model call: may
+    /// [`add_context`](RunContext::add_context) or [`stop`](RunContext::stop).
+    fn after_tool_batch<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        results: &'a [ToolCallResult],
+    ) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+
+    /// The agent would stop with `output`. `Some(text)` keeps it going with
+    /// `text` as a user message; `continuations` counts how often in a row
+    /// that happened. Not asked once the run used all its turns.
+    fn before_stop<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        output: &'a Message,
+        continuations: u32,
+    ) -> Hook<'a, Option<String>> {
+        Hook::skip()
+    }
+
+    /// A compaction of `messages` is about to run: `false` skips it.
+    fn before_compaction<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        messages: &'a History,
+    ) -> Hook<'a, bool> {
+        Hook::skip()
+    }
+
+    /// A compaction ran.
+    fn after_compaction<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        compaction: &'a Compaction,
+    ) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+
+    /// The run would move from model `from` to model `to`: `false` blocks it.
+    fn before_model_switch<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        from: &'a str,
+        to: &'a str,
+    ) -> Hook<'a, bool> {
+        Hook::skip()
+    }
+
+    /// A call asks for approval: `Some` decides it as a person would, before
+    /// the agent's approver is asked. Bind the decision to the call with
+    /// [`ApprovalDecision::approve`] / [`decline`](ApprovalDecision::decline).
+    fn decide_approval<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        call: &'a ToolCall,
+    ) -> Hook<'a, Option<ApprovalDecision>> {
+        Hook::skip()
+    }
+
+    /// Something a person should know (an approval asked, a pause). Cannot
+    /// change what happens.
+    fn on_notification<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        notification: &'a Notification,
+    ) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+
+    /// The run failed with `error`. Every middleware's `on_error` runs; their
+    /// own errors are ignored (logged), and the run keeps its error.
+    fn on_error<'a>(&'a self, ctx: &'a RunContext, error: &'a AgentError) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+
+    /// The run ended: completed, stopped, paused (with the result) or failed
+    /// (with the error). Its error is logged, the next `after_agent` still
+    /// runs and the caller keeps the run's result.
+    fn after_agent<'a>(&'a self, ctx: &'a RunContext, outcome: RunOutcome<'a>) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+}
