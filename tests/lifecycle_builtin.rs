@@ -118,7 +118,7 @@ async fn trimming_per_request_keeps_the_transcript_trimming_in_before_model_does
     assert!(model.requests().iter().all(|r| r.messages.len() <= 5));
     assert!(run.messages.len() < 9);
     assert_eq!(
-        History::from(run.messages.clone()).check_integrity(),
+        run.messages.check_integrity(),
         Ok(())
     );
 }
