@@ -79,7 +79,7 @@
 //!
 //! # Errors
 //!
-//! See the [`error`](self::error) module for the table from HTTP status and
+//! See the [`error`] module for the table from HTTP status and
 //! body to [`ErrorKind`](crate::ErrorKind), `Retry-After` included.
 //!
 //! # Usage
