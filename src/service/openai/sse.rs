@@ -464,6 +464,66 @@ mod tests {
         assert!(err.error.to_string().contains("larger than 64 bytes"));
     }
 
+    /// Pieces of both protocols (and of broken ones) that the property
+    /// tests splice into streams; the fuzz dictionary holds the same.
+    const PIECES: &[&str] = &[
+        "data: ",
+        "data:",
+        "event: error\n",
+        "event: message_start\n",
+        "\n",
+        "\n\n",
+        "\r\n",
+        "\r",
+        ": comment\n",
+        "\u{feff}",
+        "[DONE]",
+        "{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"h\\u00e9\"}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\"\"}}]}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":1,\"function\":{\"arguments\":\":1}\"}}]}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"id\":\"d\",\"function\":{\"name\":\"g\"}}]}}]}",
+        "{\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}",
+        "{\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":18446744073709551615}}",
+        "{\"error\":{\"type\":\"rate_limit_error\"}}",
+        "{\"type\":\"message_start\",\"message\":{\"model\":\"m\",\"usage\":{\"input_tokens\":18446744073709551615,\"cache_read_input_tokens\":9}}}",
+        "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"a\"}}",
+        "{\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":{\"x\":1}}}",
+        "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"b\"}}",
+        "{\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{}\"}}",
+        "{\"type\":\"content_block_stop\",\"index\":1}",
+        "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"output_tokens\":5}}",
+        "{\"type\":\"message_stop\"}",
+        "{\"type\":\"ping\"}",
+        "{\"choices\":",
+        "\u{10FFFF}",
+    ];
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_decode_without_panic(data in proptest::collection::vec(proptest::num::u8::ANY, 0..600)) {
+            crate::service::openai::fuzz_openai_stream(&data);
+            crate::service::anthropic::fuzz_anthropic_stream(&data);
+        }
+
+        #[test]
+        fn spliced_streams_decode_the_same_however_cut(
+            seed in proptest::num::u64::ANY,
+            pieces in proptest::collection::vec(proptest::sample::select(PIECES), 0..40),
+            junk in proptest::option::of(proptest::collection::vec(proptest::num::u8::ANY, 1..4)),
+        ) {
+            let mut data = seed.to_le_bytes().to_vec();
+            for piece in &pieces {
+                data.extend_from_slice(piece.as_bytes());
+            }
+            if let Some(junk) = junk {
+                let at = (seed as usize) % (data.len() + 1);
+                data.splice(at..at, junk);
+            }
+            crate::service::openai::fuzz_openai_stream(&data);
+            crate::service::anthropic::fuzz_anthropic_stream(&data);
+        }
+    }
+
     #[test]
     fn split_covers_the_input() {
         let data: Vec<u8> = (0..200).collect();
