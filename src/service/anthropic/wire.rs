@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::service::openai::assistant;
+use crate::service::openai::{assistant, tokens};
 use crate::types::{
     ContentPart, FinishReason, MessageContent, ModelRequest, ModelResponse, ResponseFormat, Role,
     ToolCall, ToolSpec, Usage,
@@ -236,15 +236,11 @@ impl From<&WireUsage> for Usage {
     /// `input_tokens`; here they are part of the input, and the cache reads
     /// are the cached subset.
     fn from(wire: &WireUsage) -> Self {
-        let read = wire.cache_read_input_tokens.unwrap_or(0);
-        let written = wire.cache_creation_input_tokens.unwrap_or(0);
+        let read = tokens(wire.cache_read_input_tokens);
+        let written = tokens(wire.cache_creation_input_tokens);
         Usage {
-            input_tokens: wire
-                .input_tokens
-                .unwrap_or(0)
-                .saturating_add(read)
-                .saturating_add(written),
-            output_tokens: wire.output_tokens.unwrap_or(0),
+            input_tokens: tokens(wire.input_tokens) + read + written,
+            output_tokens: tokens(wire.output_tokens),
             cached_input_tokens: read,
             reasoning_tokens: 0,
         }

@@ -121,7 +121,7 @@ pub(crate) use self::sse::{check_deltas, decode_chunks, split};
 pub(crate) use self::sse::{fuzz_one, Decoder, Flow};
 pub use self::stream::fuzz_openai_stream;
 use self::stream::ChunkAccumulator;
-pub(crate) use self::wire::assistant;
+pub(crate) use self::wire::{assistant, tokens};
 use self::wire::{ChatCompletion, ChatRequest, MaxTokensField};
 use crate::error::{AgentError, BoxError};
 use crate::request::ModelCall;

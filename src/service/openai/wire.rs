@@ -135,21 +135,30 @@ struct CompletionDetails {
     reasoning_tokens: Option<u64>,
 }
 
+/// The most tokens one count may claim: larger is no token count, and is
+/// clamped so that summing a run's usage cannot overflow.
+pub(crate) const MAX_TOKENS: u64 = 1 << 40;
+
+/// A token count from the wire: absent is zero, absurd is clamped.
+pub(crate) fn tokens(count: Option<u64>) -> u64 {
+    count.unwrap_or(0).min(MAX_TOKENS)
+}
+
 impl From<&WireUsage> for Usage {
     fn from(wire: &WireUsage) -> Self {
         Usage {
-            input_tokens: wire.prompt_tokens.unwrap_or(0),
-            output_tokens: wire.completion_tokens.unwrap_or(0),
-            cached_input_tokens: wire
-                .prompt_tokens_details
-                .as_ref()
-                .and_then(|d| d.cached_tokens)
-                .unwrap_or(0),
-            reasoning_tokens: wire
-                .completion_tokens_details
-                .as_ref()
-                .and_then(|d| d.reasoning_tokens)
-                .unwrap_or(0),
+            input_tokens: tokens(wire.prompt_tokens),
+            output_tokens: tokens(wire.completion_tokens),
+            cached_input_tokens: tokens(
+                wire.prompt_tokens_details
+                    .as_ref()
+                    .and_then(|d| d.cached_tokens),
+            ),
+            reasoning_tokens: tokens(
+                wire.completion_tokens_details
+                    .as_ref()
+                    .and_then(|d| d.reasoning_tokens),
+            ),
         }
     }
 }
@@ -433,6 +442,14 @@ mod tests {
         let r = read(json!({"choices": [{"message": {"content": "x"}, "finish_reason": "eos"}]}))
             .unwrap();
         assert_eq!(r.finish_reason, FinishReason::Other("eos".into()));
+
+        let negative = json!({"choices": [{"message": {"content": "x"}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": -1}});
+        assert!(serde_json::from_value::<ChatCompletion>(negative).is_err());
+        let r = read(json!({"choices": [{"message": {"content": "x"}}],
+            "usage": {"prompt_tokens": u64::MAX, "completion_tokens": 2}}))
+        .unwrap();
+        assert_eq!(r.usage, Usage::new(MAX_TOKENS, 2));
 
         assert!(read(json!({"choices": []})).is_err());
         assert!(read(json!({"object": "chat.completion"})).is_err());
