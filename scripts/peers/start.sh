@@ -121,7 +121,8 @@ llama_skip() {
 }
 
 llama_status=0
-has_flag() { grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | grep -qw "$1"; }
+CPU_FLAGS=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2 || true) "
+has_flag() { [[ "$CPU_FLAGS" == *" $1 "* ]]; }
 missing=()
 for flag in avx512f amx_tile amx_int8; do
   has_flag "$flag" || missing+=("$flag")
