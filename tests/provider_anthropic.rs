@@ -2,6 +2,7 @@
 //! answers (tests/fixtures/anthropic/) served by a local test server, in
 //! full agent runs, streamed and not. The `aimock_*` test also runs it
 //! against aimock's `/v1/messages` (needs `scripts/peers/start.sh`).
+#![cfg(feature = "openai")]
 
 mod support;
 

@@ -7,6 +7,7 @@
 //! (it needs AVX-512 and AMX), the script sets `LLAMA_SKIP_REASON` instead of
 //! `LLAMA_URL`, and each test prints `SKIPPED: <test>: <reason>` to stderr
 //! (past the harness's capture) and returns.
+#![cfg(feature = "openai")]
 
 mod support;
 

@@ -1,6 +1,7 @@
 //! `OpenAiChat` over real HTTP against a tiny local server (tests/support)
 //! that answers with recorded chat-completions bodies: the request it sends,
 //! streaming, error statuses, timeouts. Needs no peers.
+#![cfg(feature = "openai")]
 
 mod support;
 

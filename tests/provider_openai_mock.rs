@@ -9,6 +9,7 @@
 //! `Timeout`, and a two-service fallback written here; the crate's own retry
 //! and fallback layers can replace them in `stack()` without touching the
 //! tests.
+#![cfg(feature = "openai")]
 
 mod support;
 
