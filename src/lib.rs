@@ -23,4 +23,6 @@ pub use service::{
     tool_fn, tool_fn_ctx, tool_sync, Agent, AgentBuilder, AgentTool, BoxAgent, BoxModel, BoxTool,
     FnTool, ScriptedModel, ScriptedTurn, ToolDef, ToolRouter,
 };
+#[cfg(feature = "openai")]
+pub use service::{AnthropicMessages, OpenAiChat};
 pub use types::{AgentRun, Message, Usage};

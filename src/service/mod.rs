@@ -9,12 +9,20 @@
 
 mod agent;
 mod agent_tool;
+#[cfg(feature = "openai")]
+pub mod anthropic;
+#[cfg(feature = "openai")]
+pub mod openai;
 mod router;
 mod scripted;
 mod tool_fn;
 
 pub use agent::{Agent, AgentBuilder, AgentFuture, Approver};
 pub use agent_tool::AgentTool;
+#[cfg(feature = "openai")]
+pub use anthropic::AnthropicMessages;
+#[cfg(feature = "openai")]
+pub use openai::OpenAiChat;
 pub use router::{ToolDef, ToolRouter};
 pub use scripted::{ScriptedModel, ScriptedTurn};
 pub use tool_fn::{tool_fn, tool_fn_ctx, tool_sync, FnTool};

@@ -1,0 +1,452 @@
+//! The Messages API JSON: the request body, the response, the usage.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::service::openai::{assistant, tokens};
+use crate::types::{
+    ContentPart, FinishReason, MessageContent, ModelRequest, ModelResponse, ResponseFormat, Role,
+    ToolCall, ToolSpec, Usage,
+};
+
+/// The request body.
+#[derive(Debug, Serialize)]
+pub(crate) struct MessagesRequest<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<String>,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop_sequences: &'a [String],
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct WireMessage<'a> {
+    role: &'static str,
+    content: Vec<Block<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block<'a> {
+    Text {
+        text: Cow<'a, str>,
+    },
+    Image {
+        source: Value,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: Value,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: Cow<'a, str>,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct WireTool<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    description: &'a str,
+    input_schema: &'a Value,
+}
+
+/// An image part as an Anthropic image source: a `data:` URI as base64, any
+/// other URL by reference.
+fn image_source(url: &str) -> Value {
+    if let Some(rest) = url.strip_prefix("data:") {
+        if let Some((media_type, data)) = rest.split_once(";base64,") {
+            return serde_json::json!({"type": "base64", "media_type": media_type, "data": data});
+        }
+    }
+    serde_json::json!({"type": "url", "url": url})
+}
+
+fn content_blocks(content: Option<&MessageContent>) -> Vec<Block<'_>> {
+    match content {
+        None => Vec::new(),
+        Some(MessageContent::Text(text)) if text.is_empty() => Vec::new(),
+        Some(MessageContent::Text(text)) => vec![Block::Text {
+            text: Cow::Borrowed(text),
+        }],
+        Some(MessageContent::Parts(parts)) => parts
+            .iter()
+            .filter_map(|part| match part {
+                ContentPart::Text { text } if text.is_empty() => None,
+                ContentPart::Text { text } => Some(Block::Text {
+                    text: Cow::Borrowed(text),
+                }),
+                ContentPart::ImageUrl { image_url } => Some(Block::Image {
+                    source: image_source(&image_url.url),
+                }),
+            })
+            .collect(),
+    }
+}
+
+/// Tool arguments as the object Anthropic requires: the parsed JSON when it
+/// is an object, `{}` otherwise (the run already told the model its
+/// arguments were invalid).
+fn tool_input(arguments: &str) -> Value {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(value @ Value::Object(_)) => value,
+        _ => Value::Object(Map::new()),
+    }
+}
+
+impl<'a> MessagesRequest<'a> {
+    /// The body for `request` to `model`.
+    ///
+    /// System messages, wherever they are, go to `system` in order. Tool
+    /// results become `tool_result` blocks of a user turn; consecutive turns
+    /// of one role are merged, as the API requires alternation. A
+    /// `response_format` becomes an instruction in `system`, since the API
+    /// has no such field.
+    pub(crate) fn new(
+        request: &'a ModelRequest,
+        model: &'a str,
+        default_max_tokens: u32,
+        stream: bool,
+    ) -> Self {
+        let mut system: Vec<Cow<'a, str>> = Vec::new();
+        let mut messages: Vec<WireMessage<'a>> = Vec::new();
+        for message in request.messages.iter() {
+            let (role, blocks) = match message.role {
+                Role::System => {
+                    system.push(message.text());
+                    continue;
+                }
+                Role::User => ("user", content_blocks(message.content.as_ref())),
+                Role::Assistant => {
+                    let mut blocks = content_blocks(message.content.as_ref());
+                    blocks.extend(message.tool_calls.iter().map(|call| Block::ToolUse {
+                        id: &call.id,
+                        name: &call.name,
+                        input: tool_input(&call.arguments),
+                    }));
+                    ("assistant", blocks)
+                }
+                Role::Tool => (
+                    "user",
+                    vec![Block::ToolResult {
+                        tool_use_id: message.tool_call_id.as_deref().unwrap_or(""),
+                        content: message.text(),
+                    }],
+                ),
+            };
+            if blocks.is_empty() {
+                continue;
+            }
+            match messages.last_mut() {
+                Some(last) if last.role == role => last.content.extend(blocks),
+                _ => messages.push(WireMessage {
+                    role,
+                    content: blocks,
+                }),
+            }
+        }
+        let settings = &request.settings;
+        match &settings.response_format {
+            Some(ResponseFormat::JsonSchema { json_schema }) => system.push(Cow::Owned(format!(
+                "Answer only with JSON that matches this JSON Schema, with no other text:\n{}",
+                json_schema.schema
+            ))),
+            Some(ResponseFormat::JsonObject) => system.push(Cow::Borrowed(
+                "Answer only with a JSON object, with no other text.",
+            )),
+            Some(ResponseFormat::Text) | None => {}
+        }
+        let tools: Vec<WireTool<'a>> = request.tools.iter().map(WireTool::from).collect();
+        let tool_choice = (settings.parallel_tool_calls == Some(false) && !tools.is_empty())
+            .then(|| serde_json::json!({"type": "auto", "disable_parallel_tool_use": true}));
+        Self {
+            model,
+            max_tokens: settings.max_tokens.unwrap_or(default_max_tokens),
+            system: (!system.is_empty()).then(|| system.join("\n\n")),
+            messages,
+            tools,
+            tool_choice,
+            temperature: settings.temperature,
+            stop_sequences: &settings.stop,
+            stream,
+        }
+    }
+}
+
+impl<'a> From<&'a ToolSpec> for WireTool<'a> {
+    fn from(spec: &'a ToolSpec) -> Self {
+        WireTool {
+            name: &spec.name,
+            description: &spec.description,
+            input_schema: &spec.parameters,
+        }
+    }
+}
+
+/// The usage object of a response, or of `message_start` / `message_delta`.
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+pub(crate) struct WireUsage {
+    #[serde(default)]
+    pub(crate) input_tokens: Option<u64>,
+    #[serde(default)]
+    pub(crate) output_tokens: Option<u64>,
+    #[serde(default)]
+    pub(crate) cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    pub(crate) cache_read_input_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    /// Overwrites the counts `other` has.
+    pub(crate) fn merge(&mut self, other: &WireUsage) {
+        let take = |mine: &mut Option<u64>, theirs: Option<u64>| {
+            if theirs.is_some() {
+                *mine = theirs;
+            }
+        };
+        take(&mut self.input_tokens, other.input_tokens);
+        take(&mut self.output_tokens, other.output_tokens);
+        take(
+            &mut self.cache_creation_input_tokens,
+            other.cache_creation_input_tokens,
+        );
+        take(
+            &mut self.cache_read_input_tokens,
+            other.cache_read_input_tokens,
+        );
+    }
+}
+
+impl From<&WireUsage> for Usage {
+    /// Anthropic counts cached and cache-written tokens apart from
+    /// `input_tokens`; here they are part of the input, and the cache reads
+    /// are the cached subset.
+    fn from(wire: &WireUsage) -> Self {
+        let read = tokens(wire.cache_read_input_tokens);
+        let written = tokens(wire.cache_creation_input_tokens);
+        Usage {
+            input_tokens: tokens(wire.input_tokens) + read + written,
+            output_tokens: tokens(wire.output_tokens),
+            cached_input_tokens: read,
+            reasoning_tokens: 0,
+        }
+    }
+}
+
+/// Maps a stop reason's wire name.
+pub(crate) fn finish_reason(reason: Option<&str>, has_tool_calls: bool) -> FinishReason {
+    match reason {
+        Some("end_turn" | "stop_sequence") => FinishReason::Stop,
+        Some("max_tokens") => FinishReason::Length,
+        Some("tool_use") => FinishReason::ToolCalls,
+        Some("refusal") => FinishReason::ContentFilter,
+        Some(other) => FinishReason::Other(other.to_owned()),
+        None if has_tool_calls => FinishReason::ToolCalls,
+        None => FinishReason::Stop,
+    }
+}
+
+/// A non-streamed response.
+#[derive(Debug, Deserialize)]
+pub(crate) struct MessagesResponse {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    content: Option<Vec<ContentBlock>>,
+    #[serde(default)]
+    stop_reason: Option<String>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ContentBlock {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    input: Option<Value>,
+}
+
+impl MessagesResponse {
+    /// The response, reported as from `model` when the body names none.
+    pub(crate) fn into_response(self, model: &str) -> Result<ModelResponse, String> {
+        let blocks = self.content.ok_or("the response has no content")?;
+        let mut text = String::new();
+        let mut tool_calls = Vec::new();
+        for block in blocks {
+            match block.kind.as_str() {
+                "text" => text.push_str(block.text.as_deref().unwrap_or("")),
+                "tool_use" => {
+                    let name = block.name.filter(|n| !n.is_empty());
+                    let name = name.ok_or("a tool_use block has no name")?;
+                    let input = block.input.unwrap_or_else(|| Value::Object(Map::new()));
+                    tool_calls.push(ToolCall {
+                        id: block.id.unwrap_or_default(),
+                        name,
+                        arguments: input.to_string(),
+                    });
+                }
+                // Thinking, redacted thinking and server tools are not part of
+                // the transcript.
+                _ => {}
+            }
+        }
+        let finish = finish_reason(self.stop_reason.as_deref(), !tool_calls.is_empty());
+        let model = match self.model {
+            Some(m) if !m.is_empty() => m,
+            _ => model.to_owned(),
+        };
+        let mut response = ModelResponse::new(model, assistant(text, tool_calls));
+        response.finish_reason = finish;
+        response.usage = self.usage.as_ref().map(Usage::from).unwrap_or_default();
+        Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{ImageUrl, Message, ModelSettings};
+    use serde_json::json;
+
+    #[test]
+    fn writes_the_messages_body() {
+        let mut request = ModelRequest::new(
+            "claude-test",
+            vec![
+                Message::system("be brief"),
+                Message::user("weather in Paris and Rome?"),
+                Message::assistant_tool_calls(vec![
+                    ToolCall::new("toolu_1", "weather", r#"{"city":"Paris"}"#),
+                    ToolCall::new("toolu_2", "weather", "not json"),
+                ]),
+                Message::tool("toolu_1", "18C"),
+                Message::tool("toolu_2", "21C"),
+                Message::system("the user is in a hurry"),
+                Message {
+                    content: Some(MessageContent::Parts(vec![
+                        ContentPart::Text {
+                            text: "and this?".into(),
+                        },
+                        ContentPart::ImageUrl {
+                            image_url: ImageUrl {
+                                url: "data:image/png;base64,AAAA".into(),
+                                detail: None,
+                            },
+                        },
+                    ])),
+                    ..Message::user("")
+                },
+            ],
+        );
+        request.tools = vec![ToolSpec::new("weather", "", json!({"type": "object"}))].into();
+        request.settings = ModelSettings {
+            temperature: Some(0.0),
+            max_tokens: None,
+            stop: vec!["END".into()],
+            response_format: Some(ResponseFormat::json_schema("a", json!({"type": "object"}))),
+            parallel_tool_calls: Some(false),
+        };
+        let body = MessagesRequest::new(&request, "claude-test", 1024, true);
+        assert_eq!(
+            serde_json::to_value(&body).unwrap(),
+            json!({
+                "model": "claude-test",
+                "max_tokens": 1024,
+                "system": "be brief\n\nthe user is in a hurry\n\nAnswer only with JSON that matches this JSON Schema, with no other text:\n{\"type\":\"object\"}",
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "weather in Paris and Rome?"}]},
+                    {"role": "assistant", "content": [
+                        {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}},
+                        {"type": "tool_use", "id": "toolu_2", "name": "weather", "input": {}}
+                    ]},
+                    {"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18C"},
+                        {"type": "tool_result", "tool_use_id": "toolu_2", "content": "21C"},
+                        {"type": "text", "text": "and this?"},
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+                    ]}
+                ],
+                "tools": [{"name": "weather", "input_schema": {"type": "object"}}],
+                "tool_choice": {"type": "auto", "disable_parallel_tool_use": true},
+                "temperature": 0.0,
+                "stop_sequences": ["END"],
+                "stream": true
+            })
+        );
+    }
+
+    #[test]
+    fn reads_a_response_with_tool_use_and_cache_usage() {
+        let body = json!({
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
+            "content": [
+                {"type": "thinking", "thinking": "hmm", "signature": "s"},
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}}
+            ],
+            "stop_reason": "tool_use", "stop_sequence": null,
+            "usage": {"input_tokens": 10, "output_tokens": 7, "cache_creation_input_tokens": 5, "cache_read_input_tokens": 100}
+        });
+        let response: MessagesResponse = serde_json::from_value(body).unwrap();
+        let response = response.into_response("asked").unwrap();
+        assert_eq!(response.model, "claude-x");
+        assert_eq!(response.message.text(), "Checking.");
+        assert_eq!(
+            response.message.tool_calls,
+            vec![ToolCall::new("toolu_1", "weather", r#"{"city":"Paris"}"#)]
+        );
+        assert_eq!(response.finish_reason, FinishReason::ToolCalls);
+        assert_eq!(
+            response.usage,
+            Usage {
+                input_tokens: 115,
+                output_tokens: 7,
+                cached_input_tokens: 100,
+                reasoning_tokens: 0
+            }
+        );
+    }
+
+    #[test]
+    fn maps_stop_reasons() {
+        assert_eq!(finish_reason(Some("end_turn"), false), FinishReason::Stop);
+        assert_eq!(
+            finish_reason(Some("stop_sequence"), false),
+            FinishReason::Stop
+        );
+        assert_eq!(
+            finish_reason(Some("max_tokens"), false),
+            FinishReason::Length
+        );
+        assert_eq!(
+            finish_reason(Some("refusal"), false),
+            FinishReason::ContentFilter
+        );
+        assert_eq!(
+            finish_reason(Some("pause_turn"), false),
+            FinishReason::Other("pause_turn".into())
+        );
+        assert_eq!(finish_reason(None, true), FinishReason::ToolCalls);
+    }
+}

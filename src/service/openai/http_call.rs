@@ -1,0 +1,233 @@
+//! One model call over HTTP, shared by both providers: send, classify the
+//! status, read JSON or server-sent events, record usage, trace.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use http::header::{ACCEPT, CONTENT_TYPE};
+use http::HeaderMap;
+use tracing::{field, Instrument};
+
+use super::error::{broken, classify_http, transport, MAX_ERROR_BODY};
+use super::sse::{decode, Decoder, Failed};
+use crate::error::{AgentError, BoxError, ProviderError};
+use crate::request::{DeltaSink, ModelCall};
+use crate::types::{ModelDelta, ModelResponse};
+
+/// How a provider's bodies are read.
+pub(crate) trait Format {
+    /// The stream decoder.
+    type Decoder: Decoder;
+
+    /// A decoder for an answer asked of `model`.
+    fn decoder(&self, model: &str) -> Self::Decoder;
+
+    /// A whole JSON body; `Err` says what is wrong with it.
+    fn parse(&self, body: &[u8], model: &str) -> Result<ModelResponse, String>;
+}
+
+/// Where and how calls are sent.
+pub(crate) struct Endpoint {
+    url: reqwest::Url,
+    host: String,
+    headers: HeaderMap,
+    timeout: Option<Duration>,
+    max_bytes: usize,
+    client: reqwest::Client,
+}
+
+impl Endpoint {
+    /// An endpoint at `base` joined with `path`.
+    pub(crate) fn new(
+        base: &str,
+        path: &str,
+        headers: HeaderMap,
+        timeout: Option<Duration>,
+        max_bytes: usize,
+        client: Option<reqwest::Client>,
+    ) -> Result<Endpoint, AgentError> {
+        let joined = format!("{}{path}", base.trim().trim_end_matches('/'));
+        let url = reqwest::Url::parse(&joined)
+            .map_err(|e| AgentError::Config(format!("invalid base URL `{base}`: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(AgentError::Config(format!(
+                "the base URL `{base}` is not http or https"
+            )));
+        }
+        let client = match client {
+            Some(client) => client,
+            None => reqwest::Client::builder()
+                .user_agent(concat!("tower-agent/", env!("CARGO_PKG_VERSION")))
+                .connect_timeout(Duration::from_secs(30))
+                .build()
+                .map_err(|e| AgentError::Config(format!("cannot build the HTTP client: {e}")))?,
+        };
+        Ok(Endpoint {
+            host: url.host_str().unwrap_or_default().to_owned(),
+            url,
+            headers,
+            timeout,
+            max_bytes,
+            client,
+        })
+    }
+
+    /// The URL calls are posted to.
+    pub(crate) fn url(&self) -> &str {
+        self.url.as_str()
+    }
+
+    /// Posts `body` for `call` and reads the answer of `model`.
+    pub(crate) async fn call<F: Format>(
+        &self,
+        provider: &'static str,
+        model: &str,
+        body: Vec<u8>,
+        call: &ModelCall,
+        format: F,
+    ) -> Result<ModelResponse, BoxError> {
+        let span = tracing::info_span!(
+            "chat",
+            "otel.kind" = "client",
+            "gen_ai.operation.name" = "chat",
+            "gen_ai.provider.name" = provider,
+            "gen_ai.request.model" = model,
+            "server.address" = %self.host,
+            "gen_ai.response.model" = field::Empty,
+            "gen_ai.usage.input_tokens" = field::Empty,
+            "gen_ai.usage.output_tokens" = field::Empty,
+            "gen_ai.response.finish_reasons" = field::Empty,
+            "error.type" = field::Empty,
+        );
+        let result = self
+            .exchange(model, body, call, &format)
+            .instrument(span.clone())
+            .await;
+        let ctx = &call.context;
+        match result {
+            Ok(mut response) => {
+                ctx.record_usage(&response.model, response.usage);
+                response.usage_recorded = true;
+                span.record("gen_ai.response.model", response.model.as_str());
+                span.record("gen_ai.usage.input_tokens", response.usage.input_tokens);
+                span.record("gen_ai.usage.output_tokens", response.usage.output_tokens);
+                span.record(
+                    "gen_ai.response.finish_reasons",
+                    field::debug(&response.finish_reason),
+                );
+                Ok(response)
+            }
+            Err(Failed { error, usage }) => {
+                if let Some(usage) = usage {
+                    ctx.record_usage(model, usage);
+                }
+                span.record("error.type", error.kind().code());
+                Err(error.into())
+            }
+        }
+    }
+
+    async fn exchange<F: Format>(
+        &self,
+        model: &str,
+        body: Vec<u8>,
+        call: &ModelCall,
+        format: &F,
+    ) -> Result<ModelResponse, Failed> {
+        let failed = |error| Failed { error, usage: None };
+        let sink = call.stream.as_ref();
+        let mut request = self
+            .client
+            .post(self.url.clone())
+            .headers(self.headers.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .body(body);
+        if sink.is_some() {
+            request = request.header(ACCEPT, "text/event-stream");
+        }
+        let timeout = match (self.timeout, call.context.remaining()) {
+            (Some(own), Some(left)) => Some(own.min(left)),
+            (own, left) => own.or(left),
+        };
+        if let Some(timeout) = timeout {
+            request = request.timeout(timeout);
+        }
+        let response = request.send().await.map_err(|e| failed(transport(e, 0)))?;
+        let status = response.status();
+        if !status.is_success() {
+            let headers = response.headers().clone();
+            let body = read_error_body(response).await;
+            return Err(failed(classify_http(status.as_u16(), &headers, &body)));
+        }
+        let is_sse = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        if is_sse {
+            return decode(
+                response.bytes_stream(),
+                format.decoder(model),
+                sink,
+                self.max_bytes,
+                transport,
+            )
+            .await;
+        }
+        let body = read_body(response, self.max_bytes).await.map_err(failed)?;
+        let response = format
+            .parse(&body, model)
+            .map_err(|detail| failed(broken(detail, 0)))?;
+        if let Some(sink) = sink {
+            send_whole(sink, &response);
+        }
+        Ok(response)
+    }
+}
+
+/// Sends a whole answer to a sink, for a server that ignored `stream`.
+fn send_whole(sink: &DeltaSink, response: &ModelResponse) {
+    let text = response.message.text();
+    if !text.is_empty() {
+        sink.send(&ModelDelta::text(text));
+    }
+    for (index, call) in response.message.tool_calls.iter().enumerate() {
+        sink.send(&ModelDelta::ToolCall {
+            index,
+            id: Some(call.id.clone()).filter(|id| !id.is_empty()),
+            name: Some(call.name.clone()),
+            arguments: call.arguments.clone(),
+        });
+    }
+}
+
+async fn read_body(response: reqwest::Response, max: usize) -> Result<Vec<u8>, ProviderError> {
+    let mut body = Vec::new();
+    let mut chunks = response.bytes_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| transport(e, 0))?;
+        if body.len().saturating_add(chunk.len()) > max {
+            return Err(broken(
+                format!("the response is larger than {max} bytes"),
+                0,
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// Reads at most [`MAX_ERROR_BODY`] bytes of an error body, as text; a body
+/// that breaks off is read as far as it came.
+async fn read_error_body(response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    let mut chunks = response.bytes_stream();
+    while let Some(Ok(chunk)) = chunks.next().await {
+        let room = MAX_ERROR_BODY - body.len();
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if body.len() >= MAX_ERROR_BODY {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
+}
