@@ -7,7 +7,9 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use tower::{Layer, ServiceExt};
-use tower_agent::lifecycle::{HookSet, LifecycleLayer, LoggingMiddleware, Middleware, MiddlewareStack};
+use tower_agent::lifecycle::{
+    HookSet, LifecycleLayer, LoggingMiddleware, Middleware, MiddlewareStack,
+};
 use tower_agent::{Agent, RunRequest};
 
 #[path = "common/mod.rs"]
@@ -39,20 +41,26 @@ fn lifecycle(c: &mut Criterion) {
 
     // How many hooks one middleware sees in one run.
     let logging = std::sync::Arc::new(LoggingMiddleware::new());
-    let counted = LifecycleLayer::new(MiddlewareStack::new().push_arc(logging.clone())).layer(agent());
+    let counted =
+        LifecycleLayer::new(MiddlewareStack::new().push_arc(logging.clone())).layer(agent());
     rt.block_on(counted.oneshot(RunRequest::new("hi"))).unwrap();
-    eprintln!("hooks fired per middleware per run: {}", logging.counts().total());
+    eprintln!(
+        "hooks fired per middleware per run: {}",
+        logging.counts().total()
+    );
 
     let mut group = c.benchmark_group("lifecycle_3_turn_run");
     let bare = agent();
     group.bench_function("no_layer", |b| {
-        b.to_async(&rt).iter(|| bare.clone().oneshot(RunRequest::new("hi")));
+        b.to_async(&rt)
+            .iter(|| bare.clone().oneshot(RunRequest::new("hi")));
     });
     for n in [0usize, 1, 4, 8] {
         let stack = (0..n).fold(MiddlewareStack::new(), |stack, _| stack.push(Noop));
         let layered = LifecycleLayer::new(stack).layer(agent());
         group.bench_function(format!("middleware_{n}"), |b| {
-            b.to_async(&rt).iter(|| layered.clone().oneshot(RunRequest::new("hi")));
+            b.to_async(&rt)
+                .iter(|| layered.clone().oneshot(RunRequest::new("hi")));
         });
     }
     group.finish();

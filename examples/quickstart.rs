@@ -4,12 +4,17 @@
 //! ```sh
 //! cargo run --example quickstart
 //! ```
+//!
+//! With `OPENAI_BASE_URL` set (and `OPENAI_API_KEY`, `OPENAI_MODEL` as the
+//! endpoint needs), both agents talk to that OpenAI-compatible endpoint
+//! instead: OpenAI, vLLM, Ollama, llama.cpp, OpenRouter, Groq, …
 
 use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
 use tower::ServiceBuilder;
+use tower_agent::service::{box_model, BoxModel};
 use tower_agent::types::{Message, Role, ToolCall};
 use tower_agent::{
     tool_fn, tool_sync, Agent, AgentError, AgentTool, BoxError, RunContext, RunRequest,
@@ -28,12 +33,23 @@ struct Customer {
     email: String,
 }
 
+/// The endpoint of `OPENAI_BASE_URL` if it is set, else the scripted model.
+fn model_or(scripted: ScriptedModel) -> Result<BoxModel, AgentError> {
+    #[cfg(feature = "openai")]
+    if let Some(chat) = tower_agent::OpenAiChat::from_env() {
+        return Ok(box_model(chat?));
+    }
+    Ok(box_model(scripted))
+}
+
 /// The billing specialist: a whole agent, used by the support agent as a tool.
 fn billing_agent() -> Result<Agent, AgentError> {
-    let model = ScriptedModel::new([ScriptedTurn::text(
-        "A-1042 was paid in full on 2 November; no refund is due.",
-    )])
-    .name("scripted-billing");
+    let model = model_or(
+        ScriptedModel::new([ScriptedTurn::text(
+            "A-1042 was paid in full on 2 November; no refund is due.",
+        )])
+        .name("scripted-billing"),
+    )?;
     Agent::builder("billing")
         .instructions("You answer billing questions.")
         .model(model)
@@ -110,7 +126,7 @@ async fn main() -> Result<(), AgentError> {
     // The model stack: any tower layers, composed with ServiceBuilder.
     let model = ServiceBuilder::new()
         .timeout(Duration::from_secs(30))
-        .service(support_model());
+        .service(model_or(support_model())?);
 
     let agent = Agent::builder("support")
         .instructions("You help customers with their orders. Be brief and kind.")

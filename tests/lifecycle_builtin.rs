@@ -117,10 +117,7 @@ async fn trimming_per_request_keeps_the_transcript_trimming_in_before_model_does
         .unwrap();
     assert!(model.requests().iter().all(|r| r.messages.len() <= 5));
     assert!(run.messages.len() < 9);
-    assert_eq!(
-        run.messages.check_integrity(),
-        Ok(())
-    );
+    assert_eq!(run.messages.check_integrity(), Ok(()));
 }
 
 /// Blocks compactions until the conversation is long, and hears of them.

@@ -264,6 +264,15 @@ impl FromIterator<Message> for History {
     }
 }
 
+impl<'a> IntoIterator for &'a History {
+    type Item = &'a Message;
+    type IntoIter = std::slice::Iter<'a, Message>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
+}
+
 impl Extend<Message> for History {
     fn extend<I: IntoIterator<Item = Message>>(&mut self, iter: I) {
         Arc::make_mut(&mut self.inner).messages.extend(iter);
