@@ -1,31 +1,4 @@
-//! [`ServiceBuilderExt`]: shortcuts for this crate's layers on tower's
-//! `ServiceBuilder`.
-//!
-//! The names do not shadow `ServiceBuilder`'s own methods (`retry`,
-//! `timeout`, `rate_limit`, …), which stay available for tower's layers.
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower::ServiceBuilder;
-//! use tower_agent::layers::ServiceBuilderExt;
-//! use tower_agent::layers::cache::CacheLayer;
-//! use tower_agent::layers::pii::MaskPiiLayer;
-//! use tower_agent::layers::retry::RetryPolicy;
-//! use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
-//!
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
-//! # async fn main() -> Result<(), tower_agent::AgentError> {
-//! let model = ServiceBuilder::new()
-//!     .llm_retry(RetryPolicy::new())
-//!     .call_timeout(Duration::from_secs(30))
-//!     .fallback_models(["backup-model"])
-//!     .response_cache(CacheLayer::new())
-//!     .mask_pii(MaskPiiLayer::default())
-//!     .service(ScriptedModel::new([ScriptedTurn::text("Hello!")]));
-//! let agent = Agent::builder("assistant").model(model).build()?;
-//! assert_eq!(agent.run("Hi").await?.output, "Hello!");
-//! # Ok(()) }
-//! ```
+//! [`ServiceBuilderExt`]: shortcuts for this crate's layers.
 
 use std::time::Duration;
 
@@ -44,7 +17,34 @@ mod sealed {
     impl<L> Sealed for tower::ServiceBuilder<L> {}
 }
 
-/// Adds this crate's layers to a `ServiceBuilder`. See the [module docs](self).
+/// Shortcuts for this crate's layers on tower's
+/// `ServiceBuilder`.
+///
+/// The names do not shadow `ServiceBuilder`'s own methods (`retry`,
+/// `timeout`, `rate_limit`, …), which stay available for tower's layers.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::ServiceBuilder;
+/// use tower_agent::layers::ServiceBuilderExt;
+/// use tower_agent::layers::cache::CacheLayer;
+/// use tower_agent::layers::pii::MaskPiiLayer;
+/// use tower_agent::layers::retry::RetryPolicy;
+/// use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), tower_agent::AgentError> {
+/// let model = ServiceBuilder::new()
+///     .llm_retry(RetryPolicy::new())
+///     .call_timeout(Duration::from_secs(30))
+///     .fallback_models(["backup-model"])
+///     .response_cache(CacheLayer::new())
+///     .mask_pii(MaskPiiLayer::default())
+///     .service(ScriptedModel::new([ScriptedTurn::text("Hello!")]));
+/// let agent = Agent::builder("assistant").model(model).build()?;
+/// assert_eq!(agent.run("Hi").await?.output, "Hello!");
+/// # Ok(()) }
+/// ```
 pub trait ServiceBuilderExt<L>: sealed::Sealed + Sized {
     /// Retries transient provider errors: [`RetryLayer`].
     fn llm_retry(self, policy: RetryPolicy) -> ServiceBuilder<Stack<RetryLayer, L>>;
