@@ -2,6 +2,13 @@
 //! SmolLM2-135M, started by `scripts/peers/start.sh`). The tests assert the
 //! protocol's shape, never the wording of a 135M-parameter model.
 //!
+//! The agent run goes through the crate's own model stack, retry ▸ timeout ▸
+//! fallback ▸ tower's concurrency limit ▸ llama-server
+//! (`layers::retry::RetryLayer`, `layers::timeout::TimeoutLayer`,
+//! `layers::fallback::FallbackLayer`, via `ServiceBuilderExt`), and checks
+//! what they report: no `RetryAttempt` or `FallbackUsed` event against a
+//! healthy server, and one usage-ledger entry per model call.
+//!
 //! They are `#[ignore]`d: run them with `cargo test -- --ignored` after
 //! starting the peers. Where the machine cannot run that llama-server build
 //! (it needs AVX-512 and AMX), the script sets `LLAMA_SKIP_REASON` instead of
@@ -13,14 +20,14 @@ mod support;
 
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use serde_json::{json, Value};
-use tower::retry::{Policy, RetryLayer};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_agent::error::kind_of;
+use tower_agent::event::{AgentEvent, CollectingSink};
+use tower_agent::layers::retry::{Backoff, RetryPolicy};
+use tower_agent::layers::ServiceBuilderExt;
 use tower_agent::service::openai::OpenAiChat;
 use tower_agent::types::{
-    FinishReason, Message, ModelDelta, ModelRequest, ModelResponse, ResponseFormat, Role,
+    FinishReason, Message, ModelDelta, ModelRequest, ModelResponse, ResponseFormat, Role, Usage,
 };
 use tower_agent::{
     tool_sync, Agent, AgentError, BoxError, DeltaSink, ModelCall, RunContext, RunRequest,
@@ -146,32 +153,6 @@ async fn llama_json_schema_response() {
     assert_eq!(object.len(), 2);
 }
 
-/// Retries what is retryable, twice at most: tower's `Retry` in place of the
-/// crate's retry layer.
-#[derive(Clone)]
-struct RetryTwice(usize);
-
-impl Policy<ModelCall, ModelResponse, BoxError> for RetryTwice {
-    type Future = BoxFuture<'static, ()>;
-
-    fn retry(
-        &mut self,
-        _req: &mut ModelCall,
-        result: &mut Result<ModelResponse, BoxError>,
-    ) -> Option<Self::Future> {
-        let err = result.as_ref().err()?;
-        if self.0 == 0 || !kind_of(err.as_ref()).is_retryable() {
-            return None;
-        }
-        self.0 -= 1;
-        Some(Box::pin(tokio::time::sleep(Duration::from_millis(200))))
-    }
-
-    fn clone_request(&mut self, req: &ModelCall) -> Option<ModelCall> {
-        Some(req.clone())
-    }
-}
-
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct City {
     city: String,
@@ -183,9 +164,15 @@ async fn llama_agent_run_through_the_layer_stack() {
     let Some(chat) = llama("llama_agent_run_through_the_layer_stack") else {
         return;
     };
+    // retry ▸ timeout ▸ fallback ▸ concurrency limit ▸ llama-server. The
+    // fallback asks the same server for its model again under its alias.
     let model = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryTwice(2)))
-        .timeout(Duration::from_secs(120))
+        .llm_retry(RetryPolicy::new().max_attempts(3).backoff(Backoff::new(
+            Duration::from_millis(200),
+            Duration::from_secs(1),
+        )))
+        .call_timeout(Duration::from_secs(120))
+        .fallback_models(["smollm2"])
         .concurrency_limit(1)
         .service(chat);
     let agent = Agent::builder("weather")
@@ -206,9 +193,15 @@ async fn llama_agent_run_through_the_layer_stack() {
         .max_turns(4)
         .build()
         .unwrap();
+    let events = CollectingSink::new();
+    let ctx = RunContext::builder().events(events.clone()).build();
     let (sink, mut rx) = DeltaSink::channel();
     let result = agent
-        .oneshot(RunRequest::new("What is the weather in Paris?").stream(sink))
+        .oneshot(
+            RunRequest::new("What is the weather in Paris?")
+                .context(ctx.clone())
+                .stream(sink),
+        )
         .await;
     // A 135M model may answer, or call the tool until the turns run out:
     // either way the run has the protocol's shape.
@@ -235,4 +228,23 @@ async fn llama_agent_run_through_the_layer_stack() {
         streamed += 1;
     }
     assert!(streamed > 0);
+    // A healthy local server needs neither a retry nor the fallback, and
+    // every call that reached it is in the ledger, once.
+    let events = events.events();
+    let layered: Vec<&AgentEvent> = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                AgentEvent::RetryAttempt { .. } | AgentEvent::FallbackUsed { .. }
+            )
+        })
+        .collect();
+    assert!(layered.is_empty(), "{layered:?}");
+    let ledger = ctx.usage_entries();
+    assert_eq!(ledger.len() as u32, run.counters.model_calls);
+    assert_eq!(
+        ledger.iter().fold(Usage::default(), |sum, e| sum + e.usage),
+        run.usage
+    );
 }

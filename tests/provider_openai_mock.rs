@@ -4,126 +4,49 @@
 //! as ignored; run them with `cargo test -- --ignored` once the peers are up
 //! (they fail, loudly, when `AIMOCK_URL` is missing).
 //!
-//! The model stack is retry ▸ timeout ▸ fallback ▸ aimock, built from
-//! tower's own `Retry` (with a small LLM-aware policy written here),
-//! `Timeout`, and a two-service fallback written here; the crate's own retry
-//! and fallback layers can replace them in `stack()` without touching the
-//! tests.
+//! The model stack is the crate's own, retry ▸ timeout ▸ fallback ▸ aimock
+//! (`stack()`), built with `ServiceBuilderExt`:
+//!
+//! - `layers::retry::RetryLayer` with a `RetryPolicy`: a few attempts, a
+//!   fixed 20 ms `Backoff` without jitter, a `Retry-After` honoured up to
+//!   2 s; it retries a streamed call only while none of its deltas reached
+//!   the caller (its stream guard);
+//! - `layers::timeout::TimeoutLayer`, 2 s per attempt;
+//! - `layers::fallback::FallbackLayer`, to a second model on the same aimock
+//!   (`FallbackLayer::models`) or to a second `OpenAiChat`
+//!   (`FallbackLayer::service_as`); without targets it passes calls through.
+//!
+//! What the layers did is read from what the crate exposes: the
+//! `AgentEvent::RetryAttempt` and `AgentEvent::FallbackUsed` events of a
+//! `CollectingSink` on the run's context, the run's usage ledger
+//! (`RunContext::usage_entries`), and the final error (its code, and the
+//! `BrokenResponse` in its source chain).
 #![cfg(feature = "openai")]
 
 mod support;
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use tower::retry::{Policy, RetryLayer};
-use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_agent::error::{find, kind_of, retry_after};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower_agent::context::UsageEntry;
+use tower_agent::error::{find, kind_of};
+use tower_agent::event::{AgentEvent, CollectingSink};
+use tower_agent::layers::fallback::FallbackLayer;
+use tower_agent::layers::retry::{Backoff, Jitter, RetryPolicy};
+use tower_agent::layers::ServiceBuilderExt;
+use tower_agent::lifecycle::{HookSet, LifecycleLayer, Middleware, MiddlewareStack};
 use tower_agent::service::openai::{BrokenResponse, OpenAiChat};
 use tower_agent::service::{box_model, BoxModel};
-use tower_agent::types::{Message, ModelDelta, ModelResponse, Role, Usage};
+use tower_agent::types::{Message, ModelDelta, Role, Usage};
 use tower_agent::{
-    tool_sync, Agent, AgentError, AgentRun, BoxError, DeltaSink, ErrorKind, ModelCall, RunRequest,
+    tool_sync, Agent, AgentError, AgentRun, BoxError, DeltaSink, ErrorKind, RunContext, RunRequest,
     ToolRouter,
 };
 
-fn collect(rx: &mut tokio::sync::mpsc::UnboundedReceiver<ModelDelta>) -> Vec<ModelDelta> {
-    let mut deltas = Vec::new();
-    while let Ok(delta) = rx.try_recv() {
-        deltas.push(delta);
-    }
-    deltas
-}
-
-// ---------------------------------------------------------------------------
-// Against aimock, through retry ▸ timeout ▸ fallback, in full agent runs.
-
-/// What the retry policy saw, one entry per failed attempt.
-#[derive(Debug, Clone, PartialEq)]
-struct Seen {
-    kind: ErrorKind,
-    retry_after: Option<Duration>,
-    deltas_sent: Option<usize>,
-}
-
-type Log = Arc<Mutex<Vec<Seen>>>;
-
-/// A small LLM-aware retry policy on tower's `Retry`: retryable kinds only,
-/// honouring `Retry-After`, at most `retries` times, and (optionally) only
-/// while no delta of the failed answer reached the sink.
-#[derive(Clone)]
-struct LlmRetry {
-    retries: usize,
-    before_first_delta: bool,
-    log: Log,
-}
-
-impl Policy<ModelCall, ModelResponse, BoxError> for LlmRetry {
-    type Future = BoxFuture<'static, ()>;
-
-    fn retry(
-        &mut self,
-        _req: &mut ModelCall,
-        result: &mut Result<ModelResponse, BoxError>,
-    ) -> Option<Self::Future> {
-        let err = result.as_ref().err()?;
-        let seen = Seen {
-            kind: kind_of(err.as_ref()),
-            retry_after: retry_after(err.as_ref()),
-            deltas_sent: find::<BrokenResponse>(err.as_ref()).map(BrokenResponse::deltas_sent),
-        };
-        self.log.lock().unwrap().push(seen.clone());
-        let shown = seen.deltas_sent.unwrap_or(0) > 0;
-        if !seen.kind.is_retryable() || self.retries == 0 || (self.before_first_delta && shown) {
-            return None;
-        }
-        self.retries -= 1;
-        let wait = seen
-            .retry_after
-            .unwrap_or(Duration::from_millis(20))
-            .min(Duration::from_secs(2));
-        Some(Box::pin(tokio::time::sleep(wait)))
-    }
-
-    fn clone_request(&mut self, req: &ModelCall) -> Option<ModelCall> {
-        Some(req.clone())
-    }
-}
-
-/// Calls `primary`; on a retryable failure, `backup`.
-#[derive(Clone)]
-struct Fallback {
-    primary: BoxModel,
-    backup: Option<BoxModel>,
-}
-
-impl Service<ModelCall> for Fallback {
-    type Response = ModelResponse;
-    type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, call: ModelCall) -> Self::Future {
-        let primary = self.primary.clone();
-        let backup = self.backup.clone();
-        Box::pin(async move {
-            match primary.oneshot(call.clone()).await {
-                Err(err) if kind_of(err.as_ref()).is_retryable() => match backup {
-                    Some(backup) => backup.oneshot(call).await,
-                    None => Err(err),
-                },
-                other => other,
-            }
-        })
-    }
-}
+/// The wait between attempts when the provider names none.
+const BACKOFF: Duration = Duration::from_millis(20);
+/// Each attempt's timeout (the "slow" fixture answers after 3 s).
+const TIMEOUT: Duration = Duration::from_secs(2);
 
 fn aimock(model: &str, test_id: &str) -> OpenAiChat {
     OpenAiChat::builder(support::require_peer("AIMOCK_URL"))
@@ -134,29 +57,29 @@ fn aimock(model: &str, test_id: &str) -> OpenAiChat {
         .unwrap()
 }
 
-/// retry ▸ timeout ▸ fallback ▸ aimock.
-fn stack(primary: OpenAiChat, backup: Option<OpenAiChat>, retry: LlmRetry) -> BoxModel {
+/// At most `attempts` calls, [`BACKOFF`] apart unless the provider says how
+/// long to wait (up to 2 s).
+fn policy(attempts: u32) -> RetryPolicy {
+    RetryPolicy::new()
+        .max_attempts(attempts)
+        .backoff(Backoff::new(BACKOFF, BACKOFF).jitter(Jitter::None))
+        .max_retry_after(Duration::from_secs(2))
+}
+
+/// retry ▸ timeout ▸ fallback ▸ aimock, from the crate's layers.
+fn stack(chat: OpenAiChat, attempts: u32, fallback: FallbackLayer<OpenAiChat>) -> BoxModel {
     box_model(
         ServiceBuilder::new()
-            .layer(RetryLayer::new(retry))
-            .timeout(Duration::from_secs(2))
-            .service(Fallback {
-                primary: box_model(primary),
-                backup: backup.map(box_model),
-            }),
+            .llm_retry(policy(attempts))
+            .call_timeout(TIMEOUT)
+            .fallback(fallback)
+            .service(chat),
     )
 }
 
-fn retry(retries: usize) -> (LlmRetry, Log) {
-    let log = Log::default();
-    (
-        LlmRetry {
-            retries,
-            before_first_delta: false,
-            log: log.clone(),
-        },
-        log,
-    )
+/// [`stack`] with no fallback target.
+fn retrying(chat: OpenAiChat, attempts: u32) -> BoxModel {
+    stack(chat, attempts, FallbackLayer::new())
 }
 
 #[derive(serde::Deserialize, schemars::JsonSchema)]
@@ -186,25 +109,103 @@ fn agent(model: BoxModel) -> Agent {
         .unwrap()
 }
 
-async fn run_agent(
-    agent: &Agent,
-    input: &str,
-    streamed: bool,
-) -> (Result<AgentRun, AgentError>, String) {
-    let mut request = RunRequest::new(input);
+/// A run and what it showed of itself.
+struct Observed {
+    result: Result<AgentRun, AgentError>,
+    /// The text deltas that reached the caller's sink, joined.
+    streamed: String,
+    /// How many text deltas reached it.
+    pieces: usize,
+    events: Vec<AgentEvent>,
+    /// The run's usage ledger: one entry per call that reached aimock and
+    /// was billed.
+    ledger: Vec<UsageEntry>,
+}
+
+impl Observed {
+    fn run(&self) -> &AgentRun {
+        match &self.result {
+            Ok(run) => run,
+            Err(err) => panic!("the run failed: {err}"),
+        }
+    }
+
+    fn err(&self) -> &AgentError {
+        match &self.result {
+            Ok(run) => panic!("the run succeeded: {:?}", run.output),
+            Err(err) => err,
+        }
+    }
+
+    /// `(attempt, code, delay)` of every `RetryAttempt` event.
+    fn retries(&self) -> Vec<(u32, &'static str, Duration)> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                AgentEvent::RetryAttempt {
+                    attempt,
+                    code,
+                    delay,
+                    ..
+                } => Some((*attempt, *code, *delay)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `(from, to, code)` of every `FallbackUsed` event.
+    fn fallbacks(&self) -> Vec<(String, String, &'static str)> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                AgentEvent::FallbackUsed { from, to, code, .. } => {
+                    Some((from.clone(), to.clone(), *code))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `(model, usage)` of every ledger entry.
+    fn billed(&self) -> Vec<(String, Usage)> {
+        self.ledger
+            .iter()
+            .map(|e| (e.model.clone(), e.usage))
+            .collect()
+    }
+}
+
+/// Runs `input` through `service` in a context collecting its events,
+/// streamed to a sink or not.
+async fn observe<S>(service: S, input: &str, streamed: bool) -> Observed
+where
+    S: Service<RunRequest, Response = AgentRun>,
+    S::Error: Into<BoxError>,
+{
+    let events = CollectingSink::new();
+    let ctx = RunContext::builder().events(events.clone()).build();
+    let mut request = RunRequest::new(input).context(ctx.clone());
     let (sink, mut rx) = DeltaSink::channel();
     if streamed {
         request = request.stream(sink);
     }
-    let result = agent.clone().oneshot(request).await;
-    let text: String = collect(&mut rx)
-        .into_iter()
-        .filter_map(|d| match d {
-            ModelDelta::Text { text } => Some(text),
-            _ => None,
-        })
-        .collect();
-    (result, text)
+    let result = service
+        .oneshot(request)
+        .await
+        .map_err(|e| AgentError::classify(e.into()));
+    let mut text = Vec::new();
+    while let Ok(delta) = rx.try_recv() {
+        if let ModelDelta::Text { text: piece } = delta {
+            text.push(piece);
+        }
+    }
+    Observed {
+        result,
+        streamed: text.concat(),
+        pieces: text.len(),
+        events: events.events(),
+        ledger: ctx.usage_entries(),
+    }
 }
 
 fn tool_messages(run: &AgentRun) -> Vec<(String, String)> {
@@ -220,18 +221,21 @@ fn tool_messages(run: &AgentRun) -> Vec<(String, String)> {
         .collect()
 }
 
+fn assistant_texts(run: &AgentRun) -> Vec<String> {
+    run.messages
+        .iter()
+        .filter(|m| m.role == Role::Assistant)
+        .map(|m| m.text().into_owned())
+        .collect()
+}
+
 #[tokio::test]
 #[ignore = "needs the peers of scripts/peers/start.sh"]
 async fn aimock_multi_turn_tool_calls_streamed_and_not() {
     for streamed in [false, true] {
-        let (policy, log) = retry(2);
-        let model = stack(
-            aimock("test-model", &support::unique("multi")),
-            None,
-            policy,
-        );
-        let (result, text) = run_agent(&agent(model), "Plan a night in Paris", streamed).await;
-        let run = result.unwrap_or_else(|e| panic!("streamed={streamed}: {e}"));
+        let model = retrying(aimock("test-model", &support::unique("multi")), 3);
+        let seen = observe(agent(model), "Plan a night in Paris", streamed).await;
+        let run = seen.run();
 
         assert_eq!(
             run.output,
@@ -239,7 +243,7 @@ async fn aimock_multi_turn_tool_calls_streamed_and_not() {
         );
         assert_eq!((run.counters.turns, run.counters.tool_calls), (3, 2));
         assert_eq!(
-            tool_messages(&run),
+            tool_messages(run),
             vec![
                 ("call_weather".to_owned(), "Paris: sunny, 21C".to_owned()),
                 (
@@ -259,13 +263,20 @@ async fn aimock_multi_turn_tool_calls_streamed_and_not() {
             assistant[1].tool_calls[0].arguments,
             r#"{"city":"Paris","nights":1}"#
         );
-        // The fixtures' usage, whether read from the body or the usage chunk.
+        // The fixtures' usage, whether read from the body or the usage
+        // chunk: one ledger entry per turn, summing to the run's usage.
         assert_eq!(run.usage, Usage::new(180, 36), "streamed={streamed}");
-        assert!(log.lock().unwrap().is_empty());
+        assert_eq!(
+            seen.ledger.iter().map(|e| e.usage).collect::<Vec<_>>(),
+            [Usage::new(40, 10), Usage::new(60, 12), Usage::new(80, 14)],
+            "streamed={streamed}"
+        );
+        assert_eq!(seen.retries(), [], "streamed={streamed}");
+        assert_eq!(seen.fallbacks(), [], "streamed={streamed}");
         if streamed {
-            assert_eq!(text, format!("Sunny there. {}", run.output));
+            assert_eq!(seen.streamed, format!("Sunny there. {}", run.output));
         } else {
-            assert!(text.is_empty());
+            assert!(seen.streamed.is_empty());
         }
     }
 }
@@ -274,14 +285,9 @@ async fn aimock_multi_turn_tool_calls_streamed_and_not() {
 #[ignore = "needs the peers of scripts/peers/start.sh"]
 async fn aimock_parallel_tool_calls_streamed_and_not() {
     for streamed in [false, true] {
-        let (policy, _log) = retry(1);
-        let model = stack(
-            aimock("test-model", &support::unique("parallel")),
-            None,
-            policy,
-        );
-        let (result, _) = run_agent(&agent(model), "Weather in Paris and Rome", streamed).await;
-        let run = result.unwrap();
+        let model = retrying(aimock("test-model", &support::unique("parallel")), 2);
+        let seen = observe(agent(model), "Weather in Paris and Rome", streamed).await;
+        let run = seen.run();
         assert_eq!(run.output, "Paris is sunny and 21C; Rome is sunny and 21C.");
         assert_eq!((run.counters.turns, run.counters.tool_calls), (2, 2));
         let calls = &run.messages[2].tool_calls;
@@ -290,101 +296,111 @@ async fn aimock_parallel_tool_calls_streamed_and_not() {
             ["call_paris", "call_rome"]
         );
         assert_eq!(
-            tool_messages(&run),
+            tool_messages(run),
             vec![
                 ("call_paris".to_owned(), "Paris: sunny, 21C".to_owned()),
                 ("call_rome".to_owned(), "Rome: sunny, 21C".to_owned()),
             ]
         );
         assert_eq!(run.usage, Usage::new(100, 35));
+        assert_eq!(seen.ledger.len(), 2, "streamed={streamed}");
+        assert_eq!(seen.retries(), [], "streamed={streamed}");
     }
 }
 
 #[tokio::test]
 #[ignore = "needs the peers of scripts/peers/start.sh"]
 async fn aimock_a_429_is_retried_after_its_retry_after() {
-    let (policy, log) = retry(2);
-    let model = stack(aimock("test-model", &support::unique("429")), None, policy);
-    let (result, _) = run_agent(&agent(model), "Rate limited once", false).await;
-    assert_eq!(result.unwrap().output, "Answered after waiting.");
+    let model = retrying(aimock("test-model", &support::unique("429")), 3);
+    let seen = observe(agent(model), "Rate limited once", false).await;
+    assert_eq!(seen.run().output, "Answered after waiting.");
+    // One retry, after the 429's `Retry-After: 1` rather than the backoff.
     assert_eq!(
-        *log.lock().unwrap(),
-        vec![Seen {
-            kind: ErrorKind::RateLimited,
-            retry_after: Some(Duration::from_secs(1)),
-            deltas_sent: None
-        }]
+        seen.retries(),
+        [(1, "RATE_LIMITED", Duration::from_secs(1))]
     );
+    // The 429 was not billed: the ledger holds the answer only.
+    assert_eq!(seen.billed(), [("test-model".to_owned(), Usage::new(9, 4))]);
+    assert_eq!(seen.run().usage, Usage::new(9, 4));
 }
 
 #[tokio::test]
 #[ignore = "needs the peers of scripts/peers/start.sh"]
 async fn aimock_insufficient_quota_is_not_retried() {
-    let (policy, log) = retry(2);
-    let model = stack(
-        aimock("test-model", &support::unique("quota")),
-        None,
-        policy,
-    );
-    let (result, _) = run_agent(&agent(model), "Out of quota", false).await;
-    let err = result.unwrap_err();
+    let model = retrying(aimock("test-model", &support::unique("quota")), 3);
+    let seen = observe(agent(model), "Out of quota", false).await;
+    let err = seen.err();
     assert_eq!(err.code(), "QUOTA_EXHAUSTED");
-    assert_eq!(log.lock().unwrap().len(), 1, "tried once, not retried");
+    assert_eq!(kind_of(err), ErrorKind::QuotaExhausted);
+    assert_eq!(seen.retries(), [], "tried once, not retried");
+    assert_eq!(seen.fallbacks(), []);
+    assert_eq!(seen.ledger, []);
 }
 
 #[tokio::test]
 #[ignore = "needs the peers of scripts/peers/start.sh"]
 async fn aimock_a_500_falls_back_to_the_backup_model() {
-    let id = support::unique("fallback");
-    let (policy, log) = retry(1);
-    let model = stack(
-        aimock("primary-model", &id),
-        Some(aimock("backup-model", &id)),
-        policy,
-    );
-    let (result, _) = run_agent(&agent(model), "Primary is down", false).await;
-    let run = result.unwrap();
-    assert_eq!(run.output, "Served by the backup.");
-    let answers: Vec<String> = run
-        .messages
-        .iter()
-        .filter(|m| m.role == Role::Assistant)
-        .map(|m| m.text().into_owned())
-        .collect();
-    assert_eq!(answers, ["Served by the backup."]);
-    assert_eq!(run.usage, Usage::new(8, 4));
-    assert!(
-        log.lock().unwrap().is_empty(),
-        "the fallback answered; no retry"
-    );
+    // The backup as another model of the same aimock, and as a second
+    // `OpenAiChat`.
+    for second_service in [false, true] {
+        let id = support::unique("fallback");
+        let fallback = if second_service {
+            FallbackLayer::new().service_as("backup-model", aimock("backup-model", &id))
+        } else {
+            FallbackLayer::models(["backup-model"])
+        };
+        let model = stack(aimock("primary-model", &id), 2, fallback);
+        let agent = Agent::builder("planner")
+            .model(model)
+            .model_name("primary-model")
+            .build()
+            .unwrap();
+        let seen = observe(agent, "Primary is down", false).await;
+        let run = seen.run();
+        assert_eq!(run.output, "Served by the backup.");
+        assert_eq!(assistant_texts(run), ["Served by the backup."]);
+        assert_eq!(
+            seen.fallbacks(),
+            [(
+                "primary-model".to_owned(),
+                "backup-model".to_owned(),
+                "PROVIDER_UNAVAILABLE"
+            )],
+            "second_service={second_service}"
+        );
+        assert_eq!(seen.retries(), [], "the fallback answered; no retry");
+        // Only the backup's answer was billed.
+        assert_eq!(
+            seen.billed(),
+            [("backup-model".to_owned(), Usage::new(8, 4))]
+        );
+        assert_eq!(run.usage, Usage::new(8, 4));
+    }
 }
 
 #[tokio::test]
 #[ignore = "needs the peers of scripts/peers/start.sh"]
 async fn aimock_chaos_500_and_disconnect_are_retried() {
-    for (input, answer, kind) in [
-        (
-            "Dropped with a 500 once",
-            "Answered on the second try.",
-            ErrorKind::Unavailable,
-        ),
-        (
-            "Disconnected once",
-            "Connected again.",
-            ErrorKind::Unavailable,
-        ),
+    for (input, answer) in [
+        ("Dropped with a 500 once", "Answered on the second try."),
+        ("Disconnected once", "Connected again."),
     ] {
-        let (policy, log) = retry(2);
-        let model = stack(
-            aimock("test-model", &support::unique("chaos")),
-            None,
-            policy,
-        );
-        let (result, _) = run_agent(&agent(model), input, false).await;
-        assert_eq!(result.unwrap().output, answer);
-        let log = log.lock().unwrap();
-        assert_eq!(log.len(), 1, "{input}");
-        assert_eq!(log[0].kind, kind, "{input}");
+        for streamed in [false, true] {
+            let model = retrying(aimock("test-model", &support::unique("chaos")), 3);
+            let seen = observe(agent(model), input, streamed).await;
+            assert_eq!(seen.run().output, answer, "{input} streamed={streamed}");
+            // Nothing of the failed attempt reached the caller, so the
+            // retry layer sent the call again, after its backoff.
+            assert_eq!(
+                seen.retries(),
+                [(1, "PROVIDER_UNAVAILABLE", BACKOFF)],
+                "{input} streamed={streamed}"
+            );
+            assert_eq!(seen.ledger.len(), 1, "{input} streamed={streamed}");
+            if streamed {
+                assert_eq!(seen.streamed, answer);
+            }
+        }
     }
 }
 
@@ -392,32 +408,65 @@ async fn aimock_chaos_500_and_disconnect_are_retried() {
 #[ignore = "needs the peers of scripts/peers/start.sh"]
 async fn aimock_malformed_json_is_unavailable_and_retried() {
     for streamed in [false, true] {
-        let (policy, log) = retry(2);
-        let model = stack(
-            aimock("test-model", &support::unique("malformed")),
-            None,
-            policy,
-        );
-        let (result, _) = run_agent(&agent(model), "Malformed once", streamed).await;
-        assert_eq!(result.unwrap().output, "Well-formed at last.");
-        let log = log.lock().unwrap();
-        assert_eq!(log.len(), 1);
-        assert_eq!(log[0].kind, ErrorKind::Unavailable);
+        let model = retrying(aimock("test-model", &support::unique("malformed")), 3);
+        let seen = observe(agent(model), "Malformed once", streamed).await;
+        assert_eq!(seen.run().output, "Well-formed at last.");
         assert_eq!(
-            log[0].deltas_sent,
-            Some(0),
-            "a BrokenResponse, nothing shown"
+            seen.retries(),
+            [(1, "PROVIDER_UNAVAILABLE", BACKOFF)],
+            "streamed={streamed}"
         );
+        assert_eq!(seen.ledger.len(), 1, "streamed={streamed}");
+        if streamed {
+            assert_eq!(seen.streamed, "Well-formed at last.");
+        }
     }
-    // Without a retry it reaches the caller as PROVIDER_UNAVAILABLE.
-    let (policy, _log) = retry(0);
-    let model = stack(
-        aimock("test-model", &support::unique("malformed")),
-        None,
-        policy,
+    // Without a retry it reaches the caller as PROVIDER_UNAVAILABLE, a
+    // `BrokenResponse` that showed nothing.
+    for streamed in [false, true] {
+        let model = retrying(aimock("test-model", &support::unique("malformed")), 1);
+        let seen = observe(agent(model), "Always malformed", streamed).await;
+        let err = seen.err();
+        assert_eq!(err.code(), "PROVIDER_UNAVAILABLE", "streamed={streamed}");
+        assert_eq!(
+            find::<BrokenResponse>(err).map(BrokenResponse::deltas_sent),
+            Some(0),
+            "streamed={streamed}"
+        );
+        assert_eq!(seen.retries(), []);
+        assert_eq!(seen.ledger, []);
+    }
+    // With every attempt malformed, the retries run out: three attempts,
+    // then the last one's error.
+    let model = retrying(aimock("test-model", &support::unique("malformed")), 3);
+    let seen = observe(agent(model), "Always malformed", false).await;
+    assert_eq!(seen.err().code(), "PROVIDER_UNAVAILABLE");
+    assert!(find::<BrokenResponse>(seen.err()).is_some());
+    assert_eq!(
+        seen.retries(),
+        [
+            (1, "PROVIDER_UNAVAILABLE", BACKOFF),
+            (2, "PROVIDER_UNAVAILABLE", BACKOFF)
+        ]
     );
-    let (result, _) = run_agent(&agent(model), "Always malformed", false).await;
-    assert_eq!(result.unwrap_err().code(), "PROVIDER_UNAVAILABLE");
+}
+
+/// Holds each turn's streamed text until the hooks saw the answer: the run
+/// streams to a provisional sink, and sends the final text in one piece.
+struct HoldStream;
+
+impl Middleware for HoldStream {
+    fn name(&self) -> &str {
+        "hold-stream"
+    }
+
+    fn hooks(&self) -> HookSet {
+        HookSet::AFTER_MODEL
+    }
+
+    fn holds_stream(&self) -> bool {
+        true
+    }
 }
 
 #[tokio::test]
@@ -425,58 +474,60 @@ async fn aimock_malformed_json_is_unavailable_and_retried() {
 async fn aimock_a_dropped_stream_stays_out_of_the_transcript() {
     const ANSWER: &str =
         "The quick brown fox jumps over the lazy dog, then naps in the sun for a long while before dinner.";
-    // A policy that retries even after deltas went out: the transcript still
-    // holds only the complete answer; the sink saw the cut attempt's prefix.
-    let (policy, log) = retry(2);
-    let model = stack(aimock("test-model", &support::unique("cut")), None, policy);
-    let (result, text) = run_agent(&agent(model), "Stream cut once", true).await;
-    let run = result.unwrap();
-    assert_eq!(run.output, ANSWER);
-    let assistant: Vec<&Message> = run
-        .messages
-        .iter()
-        .filter(|m| m.role == Role::Assistant)
-        .collect();
-    assert_eq!(assistant.len(), 1);
-    let log = log.lock().unwrap().clone();
-    assert_eq!(log.len(), 1);
-    assert_eq!(log[0].kind, ErrorKind::Unavailable);
-    let shown = log[0].deltas_sent.expect("a BrokenResponse");
-    let prefix = text
-        .strip_suffix(ANSWER)
-        .expect("the full answer was streamed last");
-    assert!(
-        ANSWER.starts_with(prefix),
-        "the cut attempt showed a prefix: {prefix:?}"
-    );
-    assert_eq!(prefix.is_empty(), shown == 0);
 
-    // A policy that retries only before the first delta: when the cut
-    // attempt had shown text, the run fails rather than repeat it.
-    let (mut policy, log) = retry(2);
-    policy.before_first_delta = true;
-    let model = stack(aimock("test-model", &support::unique("cut")), None, policy);
-    let (result, text) = run_agent(&agent(model), "Stream cut once", true).await;
-    let shown = log.lock().unwrap()[0].deltas_sent.unwrap_or(0);
-    match result {
-        Err(err) => {
-            assert!(shown > 0);
-            assert_eq!(err.code(), "PROVIDER_UNAVAILABLE");
-            assert!(ANSWER.starts_with(&text) && text.len() < ANSWER.len());
-        }
-        Ok(run) => {
-            assert_eq!(shown, 0);
-            assert_eq!(run.output, ANSWER);
-        }
-    }
+    // Streamed straight to the caller: the cut attempt's first deltas
+    // reached the sink, so the retry layer does not send the call again
+    // (the user would see the text twice); the run fails, and its broken
+    // answer is in no transcript.
+    let model = retrying(aimock("test-model", &support::unique("cut")), 3);
+    let seen = observe(agent(model), "Stream cut once", true).await;
+    let err = seen.err();
+    assert_eq!(err.code(), "PROVIDER_UNAVAILABLE");
+    let broken = find::<BrokenResponse>(err).expect("a BrokenResponse");
+    assert!(
+        broken.deltas_sent() > 0,
+        "the cut came after the first delta"
+    );
+    assert_eq!(seen.pieces, broken.deltas_sent());
+    assert!(
+        !seen.streamed.is_empty()
+            && seen.streamed.len() < ANSWER.len()
+            && ANSWER.starts_with(&seen.streamed),
+        "the caller saw a strict prefix: {:?}",
+        seen.streamed
+    );
+    assert_eq!(seen.retries(), [], "not replay-safe: not retried");
+    assert_eq!(seen.ledger, []);
+
+    // With a middleware holding the stream, the deltas only reached the
+    // run's provisional sink: the call is replay-safe and retried. The
+    // transcript holds the complete answer once, and the caller gets it in
+    // one piece, nothing of the cut attempt.
+    let model = retrying(aimock("test-model", &support::unique("cut")), 3);
+    let held = LifecycleLayer::new(MiddlewareStack::new().push(HoldStream)).layer(agent(model));
+    let seen = observe(held, "Stream cut once", true).await;
+    let run = seen.run();
+    assert_eq!(run.output, ANSWER);
+    assert_eq!(assistant_texts(run), [ANSWER]);
+    assert_eq!(seen.retries(), [(1, "PROVIDER_UNAVAILABLE", BACKOFF)]);
+    assert_eq!((seen.pieces, seen.streamed.as_str()), (1, ANSWER));
+    assert_eq!(seen.ledger.len(), 1);
 }
 
 #[tokio::test]
 #[ignore = "needs the peers of scripts/peers/start.sh"]
 async fn aimock_a_slow_answer_times_out_and_is_retried() {
-    let (policy, log) = retry(2);
-    let model = stack(aimock("test-model", &support::unique("slow")), None, policy);
-    let (result, _) = run_agent(&agent(model), "Slow once", false).await;
-    assert_eq!(result.unwrap().output, "In time.");
-    assert_eq!(log.lock().unwrap()[0].kind, ErrorKind::Timeout);
+    let model = retrying(aimock("test-model", &support::unique("slow")), 3);
+    let seen = observe(agent(model), "Slow once", false).await;
+    assert_eq!(seen.run().output, "In time.");
+    // The first attempt hit the layer's 2 s timeout; the second answered.
+    assert_eq!(seen.retries(), [(1, "TIMEOUT", BACKOFF)]);
+    assert_eq!(assistant_texts(seen.run()), ["In time."]);
+    assert_eq!(seen.ledger.len(), 1);
+
+    // Without a retry the run fails with TIMEOUT.
+    let model = retrying(aimock("test-model", &support::unique("slow")), 1);
+    let seen = observe(agent(model), "Slow once", false).await;
+    assert_eq!(seen.err().code(), "TIMEOUT");
+    assert_eq!(seen.ledger, []);
 }
