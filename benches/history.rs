@@ -1,5 +1,5 @@
 //! The overhead of one turn as the thread grows: a run continuing a history
-//! of 1, 100 and 10,000 messages. Each size is its own baseline; the target
+//! of 1, 100 and 10,000 messages, under the default stack without PII. Each size is its own baseline; the target
 //! is a 10,000-to-1 ratio of at most 1.2.
 //!
 //! The history is built outside the measurement as the previous run of the
@@ -32,13 +32,15 @@ fn thread(len: usize) -> Vec<Message> {
 
 fn history(c: &mut Criterion) {
     let rt = common::runtime();
+    // The default stack without PII (a cache miss on every run).
     let model = ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")).record(false);
     let agent = Agent::builder("bench")
         .instructions(INSTRUCTIONS)
-        .model(model)
+        .model(common::default_stack(model, false))
         .build()
         .unwrap();
     let mut group = c.benchmark_group("one_turn_by_history_length");
+    let mut n = 0u64;
     for len in [1usize, 100, 10_000] {
         let messages = thread(len);
         group.bench_with_input(BenchmarkId::from_parameter(len), &len, |b, _| {
@@ -49,7 +51,8 @@ fn history(c: &mut Criterion) {
                     let history = History::from(grown);
                     history.digest();
                     history.text_len();
-                    RunRequest::new("and now?").history(history)
+                    n += 1;
+                    RunRequest::new(format!("and now? ({n})")).history(history)
                 },
                 |request| agent.clone().oneshot(request),
                 BatchSize::LargeInput,

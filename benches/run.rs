@@ -4,9 +4,10 @@
 use std::convert::Infallible;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tower::{service_fn, ServiceExt};
+use tower::{service_fn, Layer, ServiceExt};
+use tower_agent::lifecycle::{LifecycleLayer, LoggingMiddleware, MiddlewareStack};
 use tower_agent::types::{Message, ToolCall};
-use tower_agent::Agent;
+use tower_agent::{Agent, RunRequest};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -47,13 +48,34 @@ fn run(c: &mut Criterion) {
         .tools(common::lookup_tools())
         .build()
         .unwrap();
+    // The full stack: the default model layers (a cache miss every turn:
+    // each run asks something new) and a lifecycle layer with one middleware.
+    let full = LifecycleLayer::new(MiddlewareStack::new().push(LoggingMiddleware::new())).layer(
+        Agent::builder("bench")
+            .model(common::default_stack(common::three_turn_model(), true))
+            .tools(common::lookup_tools())
+            .build()
+            .unwrap(),
+    );
     let mut group = c.benchmark_group("run_3_turns");
     group.bench_function("raw_tower_loop", |b| {
         b.to_async(&rt).iter(raw_tower_run);
     });
+    let mut n = 0u64;
     group.bench_function("agent_no_middleware", |b| {
-        b.to_async(&rt)
-            .iter(|| async { agent.run("hi").await.unwrap() });
+        b.to_async(&rt).iter(|| {
+            n += 1;
+            agent
+                .clone()
+                .oneshot(RunRequest::new(format!("question {n}")))
+        });
+    });
+    group.bench_function("agent_full_default_stack", |b| {
+        b.to_async(&rt).iter(|| {
+            n += 1;
+            full.clone()
+                .oneshot(RunRequest::new(format!("question {n}")))
+        });
     });
     group.finish();
 }

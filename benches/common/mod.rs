@@ -43,3 +43,51 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .expect("a runtime")
 }
+
+/// The design's default model stack, outermost first: retry ▸ timeout ▸
+/// fallback ▸ cache ▸ rate limit (ample) ▸ PII (when `pii`), around `model`.
+pub fn default_stack(model: ScriptedModel, pii: bool) -> tower_agent::BoxModel {
+    use std::time::Duration;
+    use tower::ServiceBuilder;
+    use tower_agent::layers::cache::CacheLayer;
+    use tower_agent::layers::pii::MaskPiiLayer;
+    use tower_agent::layers::rate_limit::ModelRateLimitLayer;
+    use tower_agent::layers::retry::RetryPolicy;
+    use tower_agent::layers::ServiceBuilderExt;
+    use tower_agent::service::box_model;
+
+    let limits = ModelRateLimitLayer::builder()
+        .requests(u64::MAX / 4, Duration::from_secs(1))
+        .tokens(u64::MAX / 4, Duration::from_secs(1))
+        .build()
+        .expect("valid limits");
+    let inner = if pii {
+        box_model(MaskPiiLayer::default().layer_model(model))
+    } else {
+        box_model(model)
+    };
+    box_model(
+        ServiceBuilder::new()
+            .llm_retry(RetryPolicy::new())
+            .call_timeout(Duration::from_secs(30))
+            .fallback_models(["backup-model"])
+            .response_cache(CacheLayer::new())
+            .model_rate_limit(limits)
+            .service(inner),
+    )
+}
+
+/// `Layer::layer` without importing the trait at every call site.
+pub trait LayerModel {
+    fn layer_model(&self, model: ScriptedModel)
+        -> tower_agent::layers::pii::MaskPii<ScriptedModel>;
+}
+
+impl LayerModel for tower_agent::layers::pii::MaskPiiLayer {
+    fn layer_model(
+        &self,
+        model: ScriptedModel,
+    ) -> tower_agent::layers::pii::MaskPii<ScriptedModel> {
+        tower::Layer::layer(self, model)
+    }
+}

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
-use super::Message;
+use super::{ContentPart, Message, MessageContent};
 
 /// A shared, append-friendly message history.
 ///
@@ -36,13 +36,30 @@ pub struct History {
     inner: Arc<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
     messages: Vec<Message>,
     /// `prefix[i]` describes `messages[..=i]`; computed on demand.
     prefix: Mutex<Prefixes>,
     /// How often [`History::to_mut`] handed out the messages.
     edits: u64,
+    /// Shared by the states of one allocation that only grew by appends;
+    /// see [`History::lineage`].
+    lineage: u64,
+}
+
+fn new_lineage() -> u64 {
+    rand::random()
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            messages: Vec::new(),
+            prefix: Mutex::default(),
+            edits: 0,
+            lineage: new_lineage(),
+        }
+    }
 }
 
 /// Digests and sizes of the prefixes, each extended on demand.
@@ -60,6 +77,7 @@ impl Clone for Inner {
             messages: self.messages.clone(),
             prefix: Mutex::new(self.prefixes().clone()),
             edits: self.edits,
+            lineage: new_lineage(),
         }
     }
 }
@@ -81,8 +99,7 @@ impl Inner {
             let previous = digests.last().copied().unwrap_or([0; 16]);
             let mut hasher = Sha256::new();
             hasher.update(previous);
-            // Serializing a `Message` into a hasher cannot fail.
-            let _ = serde_json::to_writer(HashWriter(&mut hasher), &self.messages[digests.len()]);
+            feed(&mut hasher, &self.messages[digests.len()]);
             let mut digest = [0; 16];
             digest.copy_from_slice(&hasher.finalize()[..16]);
             digests.push(digest);
@@ -101,17 +118,57 @@ impl Inner {
     }
 }
 
-struct HashWriter<'a>(&'a mut Sha256);
-
-impl std::io::Write for HashWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
-        Ok(buf.len())
+/// Feeds one message to a hasher in a fixed binary layout: every field
+/// tagged or length-prefixed, so no two different messages feed the same
+/// bytes. Stable across processes and versions (change it only with a new
+/// layout tag).
+fn feed(hasher: &mut Sha256, message: &Message) {
+    fn text(hasher: &mut Sha256, text: &str) {
+        hasher.update((text.len() as u64).to_le_bytes());
+        hasher.update(text.as_bytes());
     }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+    fn optional(hasher: &mut Sha256, value: Option<&str>) {
+        match value {
+            None => hasher.update([0]),
+            Some(value) => {
+                hasher.update([1]);
+                text(hasher, value);
+            }
+        }
     }
+    hasher.update([1, message.role as u8]);
+    match &message.content {
+        None => hasher.update([0]),
+        Some(MessageContent::Text(content)) => {
+            hasher.update([1]);
+            text(hasher, content);
+        }
+        Some(MessageContent::Parts(parts)) => {
+            hasher.update([2]);
+            hasher.update((parts.len() as u64).to_le_bytes());
+            for part in parts {
+                match part {
+                    ContentPart::Text { text: content } => {
+                        hasher.update([0]);
+                        text(hasher, content);
+                    }
+                    ContentPart::ImageUrl { image_url } => {
+                        hasher.update([1]);
+                        text(hasher, &image_url.url);
+                        optional(hasher, image_url.detail.as_deref());
+                    }
+                }
+            }
+        }
+    }
+    hasher.update((message.tool_calls.len() as u64).to_le_bytes());
+    for call in &message.tool_calls {
+        text(hasher, &call.id);
+        text(hasher, &call.name);
+        text(hasher, &call.arguments);
+    }
+    optional(hasher, message.tool_call_id.as_deref());
+    optional(hasher, message.name.as_deref());
 }
 
 impl History {
@@ -125,16 +182,26 @@ impl History {
         &self.inner.messages
     }
 
+    /// The storage, made unique first (a copy, with a new lineage, if a
+    /// clone is alive).
+    fn inner_mut(&mut self) -> &mut Inner {
+        if Arc::get_mut(&mut self.inner).is_none() {
+            self.inner = Arc::new((*self.inner).clone());
+        }
+        Arc::get_mut(&mut self.inner).expect("just made unique")
+    }
+
     /// Appends a message (O(1) amortized; copies once if a clone is alive).
     pub fn push(&mut self, message: Message) {
-        Arc::make_mut(&mut self.inner).messages.push(message);
+        self.inner_mut().messages.push(message);
     }
 
     /// Mutable access to the messages, for arbitrary edits. Forgets the
     /// cached digests, which are recomputed when next asked for.
     pub fn to_mut(&mut self) -> &mut Vec<Message> {
-        let inner = Arc::make_mut(&mut self.inner);
+        let inner = self.inner_mut();
         inner.edits += 1;
+        inner.lineage = new_lineage();
         *inner
             .prefix
             .get_mut()
@@ -152,8 +219,9 @@ impl History {
 
     /// A stable 128-bit digest of every message, in order. Equal histories
     /// have equal digests, across processes and versions of this crate's
-    /// dependencies (it hashes the wire JSON with SHA-256). Incremental: only
-    /// messages appended since the last call are hashed.
+    /// dependencies (SHA-256 over a fixed, length-prefixed layout of each
+    /// message's fields). Incremental: only messages appended since the last
+    /// call are hashed.
     pub fn digest(&self) -> [u8; 16] {
         self.inner.digest()
     }
@@ -220,6 +288,16 @@ impl History {
         }
     }
 
+    /// An id of this history's line of growth: histories with the same
+    /// lineage are states of one storage that only grew by appends, so the
+    /// shorter is a prefix of the longer. An edit ([`to_mut`](Self::to_mut))
+    /// or a copy (an append while a clone is alive) starts a new lineage.
+    /// A layer that keeps work per prefix (the PII layer's masked history)
+    /// checks `(lineage, len)` in O(1) instead of hashing.
+    pub fn lineage(&self) -> u64 {
+        self.inner.lineage
+    }
+
     /// Whether two histories share the same storage (a clone, not a copy).
     pub fn ptr_eq(a: &History, b: &History) -> bool {
         Arc::ptr_eq(&a.inner, &b.inner)
@@ -253,6 +331,7 @@ impl From<Vec<Message>> for History {
                 messages,
                 prefix: Mutex::default(),
                 edits: 0,
+                lineage: new_lineage(),
             }),
         }
     }
@@ -275,7 +354,7 @@ impl<'a> IntoIterator for &'a History {
 
 impl Extend<Message> for History {
     fn extend<I: IntoIterator<Item = Message>>(&mut self, iter: I) {
-        Arc::make_mut(&mut self.inner).messages.extend(iter);
+        self.inner_mut().messages.extend(iter);
     }
 }
 
@@ -321,6 +400,21 @@ mod tests {
         assert_ne!(history.digest(), fresh.digest());
         assert_eq!(history.text_len(), 8);
         assert_eq!(history.edit_count(), 1);
+    }
+
+    #[test]
+    fn lineage_follows_appends_only() {
+        let mut a = History::new();
+        assert_ne!(a.lineage(), History::new().lineage());
+        let start = a.lineage();
+        a.push(Message::user("1"));
+        assert_eq!(a.lineage(), start, "an append in place keeps the lineage");
+        let b = a.clone();
+        a.push(Message::user("2"));
+        assert_ne!(a.lineage(), b.lineage(), "a copy starts a new lineage");
+        let before = a.lineage();
+        a.to_mut()[0].set_text("edited");
+        assert_ne!(a.lineage(), before, "an edit starts a new lineage");
     }
 
     #[test]

@@ -93,8 +93,8 @@ struct RunPiiState {
     session: Arc<PiiSession>,
     /// How many messages of the run's history `masked` covers.
     source_len: usize,
-    /// The digest of those messages, to tell an append from an edit.
-    source_digest: [u8; 16],
+    /// The lineage of that history, to tell an append from an edit.
+    source_lineage: u64,
     masked: History,
 }
 
@@ -106,7 +106,7 @@ impl RunPii {
                     RunPii(Arc::new(Mutex::new(RunPiiState {
                         session: Arc::new(engine.session()),
                         source_len: 0,
-                        source_digest: [0; 16],
+                        source_lineage: 0,
                         masked: History::new(),
                     })))
                 })
@@ -188,8 +188,7 @@ fn restore_message(session: &PiiSession, message: &mut Message) {
 fn masked_history(run: &RunPii, history: &History) -> Result<(History, usize), PiiBlocked> {
     let mut state = run.lock();
     let state = &mut *state;
-    let unchanged = state.source_len <= history.len()
-        && history.prefix_digest(state.source_len) == state.source_digest;
+    let unchanged = state.source_len <= history.len() && history.lineage() == state.source_lineage;
     if !unchanged {
         state.source_len = 0;
         state.masked = History::new();
@@ -201,7 +200,7 @@ fn masked_history(run: &RunPii, history: &History) -> Result<(History, usize), P
     }
     state.masked.extend(added);
     state.source_len = history.len();
-    state.source_digest = history.digest();
+    state.source_lineage = history.lineage();
     Ok((state.masked.clone(), count))
 }
 

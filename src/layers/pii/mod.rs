@@ -30,9 +30,9 @@
 //!   arguments and tool results, with one [`PiiSession`] per run, kept in the
 //!   run's context so placeholders stay the same from turn to turn. Masked
 //!   messages are kept too: each turn masks only the messages added since
-//!   the last (the whole history again only after a middleware edited it,
-//!   which [`History::prefix_digest`](crate::types::History::prefix_digest)
-//!   tells).
+//!   the last (the whole history again only after a middleware edited it or
+//!   it was copied, which [`History::lineage`](crate::types::History::lineage)
+//!   tells in O(1)).
 //! * **Restores** the placeholders in the model's answer and in its tool-call
 //!   arguments, so the user and the tools see the real values.
 //! * **Streams**: deltas pass through [`StreamRestorer`]s (one for the text,
