@@ -209,6 +209,25 @@ impl History {
         &mut inner.messages
     }
 
+    /// Keeps the first `len` messages (all if there are fewer). The cached
+    /// digests and sizes of the kept prefix stay; the lineage changes, since
+    /// what follows may now differ.
+    pub fn truncate(&mut self, len: usize) {
+        let inner = self.inner_mut();
+        if len >= inner.messages.len() {
+            return;
+        }
+        inner.messages.truncate(len);
+        inner.edits += 1;
+        inner.lineage = new_lineage();
+        let prefix = inner
+            .prefix
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        prefix.digests.truncate(len);
+        prefix.text_lens.truncate(len);
+    }
+
     /// The messages, taken out (copied only if a clone is alive).
     pub fn into_vec(self) -> Vec<Message> {
         match Arc::try_unwrap(self.inner) {
@@ -400,6 +419,21 @@ mod tests {
         assert_ne!(history.digest(), fresh.digest());
         assert_eq!(history.text_len(), 8);
         assert_eq!(history.edit_count(), 1);
+    }
+
+    #[test]
+    fn truncate_keeps_the_prefix_digests() {
+        let mut history: History = (0..5).map(|i| Message::user(format!("{i}"))).collect();
+        let three = History::from(history[..3].to_vec());
+        history.digest();
+        let lineage = history.lineage();
+        history.truncate(3);
+        assert_eq!(history.len(), 3);
+        assert_eq!(history.digest(), three.digest());
+        assert_eq!(history.text_len(), 3);
+        assert_ne!(history.lineage(), lineage);
+        history.truncate(10);
+        assert_eq!(history.len(), 3);
     }
 
     #[test]
