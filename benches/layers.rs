@@ -1,7 +1,7 @@
 //! Nanoseconds per call of each layer around a no-op model service, against
 //! the bare service and raw tower no-op layers (static and boxed, ×1, ×4,
-//! ×8) in the same group. Target: ≤ 25 ns per pass-through layer over the
-//! raw-tower baseline.
+//! ×8, and tower's own timeout) in the same group. Target: ≤ 25 ns per
+//! pass-through layer over the raw-tower baseline.
 
 use std::future::{ready, Ready};
 use std::task::{Context, Poll};
@@ -12,6 +12,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_agent::layers::cache::CacheLayer;
 use tower_agent::layers::fallback::FallbackLayer;
+use tower_agent::layers::pii::MaskPiiLayer;
 use tower_agent::layers::rate_limit::ModelRateLimitLayer;
 use tower_agent::layers::retry::{RetryLayer, RetryPolicy};
 use tower_agent::layers::timeout::TimeoutLayer;
@@ -112,8 +113,19 @@ fn layers(c: &mut Criterion) {
     );
 
     bench!(
+        "baseline/tower_timeout",
+        ServiceBuilder::new()
+            .timeout(Duration::from_secs(30))
+            .service(model.clone())
+            .map_err(BoxError::from)
+    );
+    bench!(
         "retry",
         RetryLayer::new(RetryPolicy::new()).layer(model.clone())
+    );
+    bench!(
+        "pii_short_clean_message",
+        MaskPiiLayer::default().layer(model.clone())
     );
     bench!(
         "timeout",
