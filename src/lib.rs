@@ -4,6 +4,7 @@
 pub mod context;
 pub mod error;
 pub mod event;
+pub mod future;
 pub mod hooks;
 pub mod layers;
 pub mod lifecycle;

@@ -274,10 +274,10 @@ where
 
     fn call(&mut self, mut call: ModelCall) -> Self::Future {
         if self.targets.is_empty() {
-            return future::ResponseFuture::new(Box::pin(futures::TryFutureExt::map_err(
+            return future::ResponseFuture::new(futures::TryFutureExt::map_err(
                 self.inner.call(call),
                 Into::into,
-            )));
+            ));
         }
         call.guard();
         if let Some(budget) = &self.budget {
@@ -287,7 +287,7 @@ where
         let first = self.inner.call(call.clone());
         let targets = self.targets.clone();
         let budget = self.budget.clone();
-        future::ResponseFuture::new(Box::pin(async move {
+        future::ResponseFuture::new(async move {
             let ctx = call.context.clone();
             let mut sent = call.request.model.clone();
             let mut result = first.await.map_err(Into::into);
@@ -339,46 +339,16 @@ where
                     Err(FallbackExhausted::new(attempts).into())
                 }
             }
-        }))
+        })
     }
 }
 
 /// The future of [`Fallback`].
 pub mod future {
-    use std::fmt;
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-
-    use futures::future::BoxFuture;
-
-    use crate::error::BoxError;
     use crate::types::ModelResponse;
 
     /// The response future of [`Fallback`](super::Fallback).
-    pub struct ResponseFuture {
-        inner: BoxFuture<'static, Result<ModelResponse, BoxError>>,
-    }
-
-    impl ResponseFuture {
-        pub(super) fn new(inner: BoxFuture<'static, Result<ModelResponse, BoxError>>) -> Self {
-            Self { inner }
-        }
-    }
-
-    impl fmt::Debug for ResponseFuture {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.debug_struct("ResponseFuture").finish_non_exhaustive()
-        }
-    }
-
-    impl Future for ResponseFuture {
-        type Output = Result<ModelResponse, BoxError>;
-
-        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-            self.inner.as_mut().poll(cx)
-        }
-    }
+    pub type ResponseFuture = crate::future::BoxResponseFuture<ModelResponse>;
 }
 
 /// The error of [`Fallback`] when every model failed.

@@ -1,13 +1,9 @@
 //! [`MaskPii`]: the PII engine as the innermost layer of the model stack.
 
 use std::collections::HashMap;
-use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
-use futures::future::BoxFuture;
 use serde_json::json;
 use tower::{Layer, Service};
 
@@ -306,7 +302,7 @@ where
                     ),
                     info: Some(json!({ "kind": blocked.kind.label() })),
                 });
-                return future::ResponseFuture::new(Box::pin(std::future::ready(Err(err))));
+                return future::ResponseFuture::new(std::future::ready(Err(err)));
             }
         };
         if count > 0 {
@@ -322,7 +318,7 @@ where
             (sink, state)
         });
         let fut = inner.call(call);
-        future::ResponseFuture::new(Box::pin(async move {
+        future::ResponseFuture::new(async move {
             let result = fut.await.map_err(Into::into);
             if let Some((sink, state)) = &stream {
                 flush(sink, state, &session);
@@ -330,36 +326,14 @@ where
             let mut response = result?;
             restore_message(&session, &mut response.message);
             Ok(response)
-        }))
+        })
     }
 }
 
 /// The future of [`MaskPii`].
 pub mod future {
-    use super::*;
+    use crate::types::ModelResponse;
 
     /// The response future of [`MaskPii`](super::MaskPii).
-    pub struct ResponseFuture {
-        inner: BoxFuture<'static, Result<ModelResponse, BoxError>>,
-    }
-
-    impl ResponseFuture {
-        pub(super) fn new(inner: BoxFuture<'static, Result<ModelResponse, BoxError>>) -> Self {
-            Self { inner }
-        }
-    }
-
-    impl fmt::Debug for ResponseFuture {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("ResponseFuture")
-        }
-    }
-
-    impl Future for ResponseFuture {
-        type Output = Result<ModelResponse, BoxError>;
-
-        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-            self.inner.as_mut().poll(cx)
-        }
-    }
+    pub type ResponseFuture = crate::future::BoxResponseFuture<ModelResponse>;
 }

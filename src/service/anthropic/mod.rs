@@ -63,13 +63,10 @@ mod stream;
 mod wire;
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tower::Service;
 
@@ -297,23 +294,7 @@ impl AnthropicMessagesBuilder {
 }
 
 /// The future of an [`AnthropicMessages`] call.
-pub struct ResponseFuture {
-    inner: BoxFuture<'static, Result<ModelResponse, BoxError>>,
-}
-
-impl fmt::Debug for ResponseFuture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ResponseFuture")
-    }
-}
-
-impl Future for ResponseFuture {
-    type Output = Result<ModelResponse, BoxError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
-    }
-}
+pub type ResponseFuture = crate::future::BoxResponseFuture<ModelResponse>;
 
 impl Service<ModelCall> for AnthropicMessages {
     type Response = ModelResponse;
@@ -326,26 +307,24 @@ impl Service<ModelCall> for AnthropicMessages {
 
     fn call(&mut self, call: ModelCall) -> ResponseFuture {
         let inner = self.inner.clone();
-        ResponseFuture {
-            inner: Box::pin(async move {
-                let model = if call.request.model.is_empty() {
-                    inner.model.clone()
-                } else {
-                    call.request.model.clone()
-                };
-                let body = MessagesRequest::new(
-                    &call.request,
-                    &model,
-                    inner.max_tokens,
-                    call.stream.is_some(),
-                );
-                let body = serde_json::to_vec(&body)?;
-                inner
-                    .endpoint
-                    .call("anthropic", &model, body, &call, AnthropicFormat)
-                    .await
-            }),
-        }
+        ResponseFuture::new(async move {
+            let model = if call.request.model.is_empty() {
+                inner.model.clone()
+            } else {
+                call.request.model.clone()
+            };
+            let body = MessagesRequest::new(
+                &call.request,
+                &model,
+                inner.max_tokens,
+                call.stream.is_some(),
+            );
+            let body = serde_json::to_vec(&body)?;
+            inner
+                .endpoint
+                .call("anthropic", &model, body, &call, AnthropicFormat)
+                .await
+        })
     }
 }
 

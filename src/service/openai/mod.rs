@@ -104,13 +104,10 @@ mod stream;
 mod wire;
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tower::Service;
 
@@ -346,23 +343,7 @@ impl OpenAiChatBuilder {
 }
 
 /// The future of an [`OpenAiChat`] call.
-pub struct ResponseFuture {
-    inner: BoxFuture<'static, Result<ModelResponse, BoxError>>,
-}
-
-impl fmt::Debug for ResponseFuture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ResponseFuture")
-    }
-}
-
-impl Future for ResponseFuture {
-    type Output = Result<ModelResponse, BoxError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
-    }
-}
+pub type ResponseFuture = crate::future::BoxResponseFuture<ModelResponse>;
 
 impl Service<ModelCall> for OpenAiChat {
     type Response = ModelResponse;
@@ -376,28 +357,26 @@ impl Service<ModelCall> for OpenAiChat {
 
     fn call(&mut self, call: ModelCall) -> ResponseFuture {
         let inner = self.inner.clone();
-        ResponseFuture {
-            inner: Box::pin(async move {
-                let model = if call.request.model.is_empty() {
-                    inner.model.clone()
-                } else {
-                    call.request.model.clone()
-                };
-                let streamed = call.stream.is_some();
-                let body = ChatRequest::new(
-                    &call.request,
-                    &model,
-                    streamed,
-                    inner.include_usage,
-                    inner.max_tokens_field,
-                );
-                let body = serde_json::to_vec(&body)?;
-                inner
-                    .endpoint
-                    .call("openai", &model, body, &call, OpenAiFormat)
-                    .await
-            }),
-        }
+        ResponseFuture::new(async move {
+            let model = if call.request.model.is_empty() {
+                inner.model.clone()
+            } else {
+                call.request.model.clone()
+            };
+            let streamed = call.stream.is_some();
+            let body = ChatRequest::new(
+                &call.request,
+                &model,
+                streamed,
+                inner.include_usage,
+                inner.max_tokens_field,
+            );
+            let body = serde_json::to_vec(&body)?;
+            inner
+                .endpoint
+                .call("openai", &model, body, &call, OpenAiFormat)
+                .await
+        })
     }
 }
 
