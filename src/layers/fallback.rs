@@ -69,7 +69,7 @@ use crate::error::{kind_of, BoxError};
 use crate::event::AgentEvent;
 use crate::layers::retry::{is_transient, RetryBudget, RetryRequest};
 use crate::request::ModelCall;
-use crate::types::ModelResponse;
+use crate::types::{ModelName, ModelResponse};
 
 /// Where a call goes next: see the [module docs](self).
 #[derive(Debug, Clone)]
@@ -180,7 +180,7 @@ impl<S: Clone> Layer<S> for FallbackLayer<S> {
 
 #[derive(Debug)]
 struct Resolved<S> {
-    model: Option<String>,
+    model: Option<ModelName>,
     service: S,
 }
 
@@ -203,7 +203,7 @@ impl<S: Clone> Fallback<S> {
         let targets = targets
             .into_iter()
             .map(|t| Resolved {
-                model: t.model,
+                model: t.model.map(ModelName::from),
                 service: t.service.unwrap_or_else(|| inner.clone()),
             })
             .collect();
@@ -266,7 +266,7 @@ where
 {
     type Response = ModelResponse;
     type Error = BoxError;
-    type Future = future::ResponseFuture;
+    type Future = future::ResponseFuture<S>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -274,81 +274,199 @@ where
 
     fn call(&mut self, mut call: ModelCall) -> Self::Future {
         if self.targets.is_empty() {
-            return future::ResponseFuture::new(futures::TryFutureExt::map_err(
-                self.inner.call(call),
-                Into::into,
-            ));
+            return future::ResponseFuture::new(self.inner.call(call), None);
         }
         call.guard();
         if let Some(budget) = &self.budget {
             budget.deposit_once(&mut call.extensions);
         }
-        // The inner service was made ready by `poll_ready`: call it now.
+        // The inner service was made ready by `poll_ready`: call it now. The
+        // rest of the chain runs only if this first call fails.
         let first = self.inner.call(call.clone());
-        let targets = self.targets.clone();
-        let budget = self.budget.clone();
-        future::ResponseFuture::new(async move {
-            let ctx = call.context.clone();
-            let mut sent = call.request.model.clone();
-            let mut result = first.await.map_err(Into::into);
-            let mut attempts = Vec::new();
-            for target in targets.iter() {
-                let err = match result {
-                    Ok(response) => return Ok(answered(response, &sent)),
-                    Err(err) => err,
-                };
-                if !is_transient(err.as_ref()) || !call.replay_safe() || ctx.is_cancelled() {
+        let rest = Rest {
+            call,
+            targets: self.targets.clone(),
+            budget: self.budget.clone(),
+        };
+        future::ResponseFuture::new(first, Some(rest))
+    }
+}
+
+/// What the chain needs once the first model failed.
+struct Rest<S> {
+    call: ModelCall,
+    targets: Arc<[Resolved<S>]>,
+    budget: Option<RetryBudget>,
+}
+
+impl<S> Rest<S>
+where
+    S: Service<ModelCall, Response = ModelResponse> + Clone + Send + Sync + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    /// Tries each target in turn, the first model having failed with `err`.
+    async fn run(self, err: BoxError) -> Result<ModelResponse, BoxError> {
+        let Rest {
+            call,
+            targets,
+            budget,
+        } = self;
+        let ctx = call.context.clone();
+        let mut sent = call.request.model.clone();
+        let mut result: Result<ModelResponse, BoxError> = Err(err);
+        let mut attempts = Vec::new();
+        for target in targets.iter() {
+            let err = match result {
+                Ok(response) => return Ok(answered(response, &sent)),
+                Err(err) => err,
+            };
+            if !is_transient(err.as_ref()) || !call.replay_safe() || ctx.is_cancelled() {
+                return Err(err);
+            }
+            let next_model = target.model.as_ref().unwrap_or(&call.request.model);
+            let (from, to) = (label(&sent), label(next_model));
+            if let Some(hooks) = ctx.hooks() {
+                if !hooks.before_model_switch(&ctx, &from, &to).await? {
+                    tracing::debug!(%from, %to, "a hook blocked the model switch");
                     return Err(err);
                 }
-                let next_model = target.model.as_ref().unwrap_or(&call.request.model);
-                let (from, to) = (label(&sent), label(next_model));
-                if let Some(hooks) = ctx.hooks() {
-                    if !hooks.before_model_switch(&ctx, &from, &to).await? {
-                        tracing::debug!(%from, %to, "a hook blocked the model switch");
-                        return Err(err);
-                    }
-                }
-                if budget.as_ref().is_some_and(|b| !b.withdraw()) {
-                    tracing::debug!(%from, %to, "the retry budget is spent: no fallback");
-                    return Err(err);
-                }
-                let code = kind_of(err.as_ref()).code();
-                tracing::debug!(%from, %to, code, error = %err, "falling back");
-                ctx.emit(|| AgentEvent::FallbackUsed {
-                    run_id: ctx.run_id().clone(),
-                    from: from.clone(),
-                    to,
-                    code,
-                });
-                attempts.push(FallbackAttempt::new(from, err));
-                let mut next = call.clone();
-                next.request.model.clone_from(next_model);
-                sent.clone_from(next_model);
-                result = target
-                    .service
-                    .clone()
-                    .oneshot(next)
-                    .await
-                    .map_err(Into::into);
             }
-            match result {
-                Ok(response) => Ok(answered(response, &sent)),
-                Err(err) if !is_transient(err.as_ref()) => Err(err),
-                Err(err) => {
-                    attempts.push(FallbackAttempt::new(label(&sent), err));
-                    Err(FallbackExhausted::new(attempts).into())
-                }
+            if budget.as_ref().is_some_and(|b| !b.withdraw()) {
+                tracing::debug!(%from, %to, "the retry budget is spent: no fallback");
+                return Err(err);
             }
-        })
+            let code = kind_of(err.as_ref()).code();
+            tracing::debug!(%from, %to, code, error = %err, "falling back");
+            ctx.emit(|| AgentEvent::FallbackUsed {
+                run_id: ctx.run_id().clone(),
+                from: from.clone(),
+                to,
+                code,
+            });
+            attempts.push(FallbackAttempt::new(from, err));
+            let mut next = call.clone();
+            next.request.model = next_model.clone();
+            sent = next_model.clone();
+            result = target
+                .service
+                .clone()
+                .oneshot(next)
+                .await
+                .map_err(Into::into);
+        }
+        match result {
+            Ok(response) => Ok(answered(response, &sent)),
+            Err(err) if !is_transient(err.as_ref()) => Err(err),
+            Err(err) => {
+                attempts.push(FallbackAttempt::new(label(&sent), err));
+                Err(FallbackExhausted::new(attempts).into())
+            }
+        }
     }
 }
 
 /// The future of [`Fallback`].
 pub mod future {
+    use std::fmt;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{ready, Context, Poll};
+
+    use pin_project_lite::pin_project;
+    use tower::Service;
+
+    use super::{answered, Rest};
+    use crate::error::BoxError;
+    use crate::future::BoxResponseFuture;
+    use crate::request::ModelCall;
     use crate::types::ModelResponse;
 
-    /// The response future of [`Fallback`](super::Fallback).
-    pub type ResponseFuture = crate::future::BoxResponseFuture<ModelResponse>;
+    pin_project! {
+        /// The response future of [`Fallback`](super::Fallback): the first
+        /// model's call, unboxed; the rest of the chain (boxed) only after
+        /// it failed.
+        pub struct ResponseFuture<S>
+        where
+            S: Service<ModelCall>,
+        {
+            #[pin]
+            state: State<S>,
+        }
+    }
+
+    pin_project! {
+        #[project = StateProj]
+        enum State<S>
+        where
+            S: Service<ModelCall>,
+        {
+            First {
+                #[pin]
+                future: S::Future,
+                rest: Option<Rest<S>>,
+            },
+            Rest {
+                future: BoxResponseFuture<ModelResponse>,
+            },
+        }
+    }
+
+    impl<S> ResponseFuture<S>
+    where
+        S: Service<ModelCall>,
+    {
+        pub(super) fn new(future: S::Future, rest: Option<Rest<S>>) -> Self {
+            Self {
+                state: State::First { future, rest },
+            }
+        }
+    }
+
+    impl<S> Future for ResponseFuture<S>
+    where
+        S: Service<ModelCall, Response = ModelResponse> + Clone + Send + Sync + 'static,
+        S::Error: Into<BoxError>,
+        S::Future: Send + 'static,
+    {
+        type Output = Result<ModelResponse, BoxError>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let mut state = self.project().state;
+            loop {
+                match state.as_mut().project() {
+                    StateProj::First { future, rest } => {
+                        let result = ready!(future.poll(cx)).map_err(Into::into);
+                        let Some(rest) = rest.take() else {
+                            return Poll::Ready(result);
+                        };
+                        match result {
+                            Ok(response) => {
+                                return Poll::Ready(Ok(answered(
+                                    response,
+                                    &rest.call.request.model,
+                                )))
+                            }
+                            Err(err) => {
+                                let future = BoxResponseFuture::new(rest.run(err));
+                                state.set(State::Rest { future });
+                            }
+                        }
+                    }
+                    StateProj::Rest { future } => return Pin::new(future).poll(cx),
+                }
+            }
+        }
+    }
+
+    impl<S> fmt::Debug for ResponseFuture<S>
+    where
+        S: Service<ModelCall>,
+    {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("ResponseFuture").finish_non_exhaustive()
+        }
+    }
 }
 
 /// The error of [`Fallback`] when every model failed.

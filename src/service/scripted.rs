@@ -318,7 +318,7 @@ impl Service<ModelCall> for ScriptedModel {
             let model = if request.model.is_empty() {
                 this.inner.name.clone()
             } else {
-                request.model
+                request.model.to_string()
             };
             context.record_usage(&model, usage);
             let mut response = ModelResponse::new(model, message).usage(usage);

@@ -20,6 +20,7 @@
 mod history;
 mod message;
 mod model;
+mod model_name;
 mod run;
 mod usage;
 
@@ -29,6 +30,7 @@ pub use model::{
     FinishReason, JsonSchemaFormat, ModelDelta, ModelRequest, ModelResponse, ModelSettings,
     ResponseFormat, ToolSpec,
 };
+pub use model_name::ModelName;
 pub use run::{
     arguments_hash, AgentRun, ApprovalDecision, Checkpoint, Counters, PendingCall, RunStatus,
     StopReason,

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{History, Message, Usage};
+use super::{History, Message, ModelName, Usage};
 
 /// A tool as the model sees it: a name, a description and a JSON Schema of
 /// its arguments.
@@ -95,8 +95,9 @@ pub struct ModelSettings {
 /// of the conversation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelRequest {
-    /// The model's name as the provider knows it.
-    pub model: String,
+    /// The model's name as the provider knows it (shared: a retry, a
+    /// fallback or a cache key copies a pointer, not the name).
+    pub model: ModelName,
     /// The conversation so far.
     pub messages: History,
     /// The tools the model may call.
@@ -109,7 +110,7 @@ pub struct ModelRequest {
 
 impl ModelRequest {
     /// A request to `model` with `messages`, no tools and default settings.
-    pub fn new(model: impl Into<String>, messages: impl Into<History>) -> Self {
+    pub fn new(model: impl Into<ModelName>, messages: impl Into<History>) -> Self {
         Self {
             model: model.into(),
             messages: messages.into(),

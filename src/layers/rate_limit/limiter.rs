@@ -131,7 +131,7 @@ impl Limiter {
         }
         match &self.key_fn {
             Some(f) => f(call),
-            None => call.request.model.clone(),
+            None => call.request.model.to_string(),
         }
     }
 

@@ -20,7 +20,9 @@ use super::{box_model, box_tool, BoxModel, BoxTool, ToolRouter};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::request::{ModelCall, RunRequest, ToolInvocation, ToolOutput};
-use crate::types::{AgentRun, ApprovalDecision, ModelResponse, ModelSettings, ToolCall, ToolSpec};
+use crate::types::{
+    AgentRun, ApprovalDecision, ModelName, ModelResponse, ModelSettings, ToolCall, ToolSpec,
+};
 
 pub(crate) use output::OutputSchema;
 
@@ -39,7 +41,7 @@ pub(crate) struct Config {
     pub(crate) name: Arc<str>,
     pub(crate) instructions: Option<String>,
     pub(crate) model: BoxModel,
-    pub(crate) model_name: String,
+    pub(crate) model_name: ModelName,
     pub(crate) tools: BoxTool,
     pub(crate) specs: Arc<[ToolSpec]>,
     pub(crate) flags: HashMap<String, ToolFlags>,
@@ -358,7 +360,7 @@ impl AgentBuilder {
                 name: self.name,
                 instructions: self.instructions,
                 model,
-                model_name: self.model_name.unwrap_or_default(),
+                model_name: self.model_name.map(ModelName::from).unwrap_or_default(),
                 tools,
                 specs,
                 flags,

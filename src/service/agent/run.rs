@@ -351,7 +351,7 @@ impl Run {
         ctx.emit(|| AgentEvent::ModelCallStarted {
             run_id: ctx.run_id().clone(),
             iteration: turn,
-            model: config.model_name.clone(),
+            model: config.model_name.to_string(),
         });
         let span = tracing::info_span!(
             "chat",
@@ -377,7 +377,7 @@ impl Run {
                 ctx.emit(|| AgentEvent::ModelCallCompleted {
                     run_id: ctx.run_id().clone(),
                     iteration: turn,
-                    model: config.model_name.clone(),
+                    model: config.model_name.to_string(),
                     usage: Default::default(),
                     finish_reason: None,
                     error: Some(err.code()),

@@ -311,7 +311,7 @@ impl Service<ModelCall> for AnthropicMessages {
             let model = if call.request.model.is_empty() {
                 inner.model.clone()
             } else {
-                call.request.model.clone()
+                call.request.model.to_string()
             };
             let body = MessagesRequest::new(
                 &call.request,

@@ -361,7 +361,7 @@ impl Service<ModelCall> for OpenAiChat {
             let model = if call.request.model.is_empty() {
                 inner.model.clone()
             } else {
-                call.request.model.clone()
+                call.request.model.to_string()
             };
             let streamed = call.stream.is_some();
             let body = ChatRequest::new(
