@@ -146,8 +146,8 @@ where
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let cancelled = ctx.cancellation_token().clone().cancelled_owned();
-        future::ResponseFuture::new(self.inner.call(req), until, cancelled)
+        let ctx = ctx.clone();
+        future::ResponseFuture::new(self.inner.call(req), until, ctx)
     }
 }
 
@@ -162,10 +162,15 @@ pub mod future {
     use tokio::time::{Instant, Sleep};
     use tokio_util::sync::WaitForCancellationFutureOwned;
 
+    use crate::context::RunContext;
     use crate::error::{AgentError, BoxError};
 
     pin_project! {
         /// The response future of [`Timeout`](super::Timeout).
+        ///
+        /// The timer and the cancellation watch are armed only when the
+        /// inner future first waits: a call that answers at once costs
+        /// neither.
         pub struct ResponseFuture<F> {
             #[pin]
             kind: Kind<F>,
@@ -178,26 +183,26 @@ pub mod future {
             Running {
                 #[pin]
                 inner: F,
+                until: Option<Instant>,
+                ctx: Option<RunContext>,
                 #[pin]
                 sleep: Option<Sleep>,
                 #[pin]
-                cancelled: WaitForCancellationFutureOwned,
+                cancelled: Option<WaitForCancellationFutureOwned>,
             },
             Cancelled,
         }
     }
 
     impl<F> ResponseFuture<F> {
-        pub(super) fn new(
-            inner: F,
-            until: Option<Instant>,
-            cancelled: WaitForCancellationFutureOwned,
-        ) -> Self {
+        pub(super) fn new(inner: F, until: Option<Instant>, ctx: RunContext) -> Self {
             Self {
                 kind: Kind::Running {
                     inner,
-                    sleep: until.map(tokio::time::sleep_until),
-                    cancelled,
+                    until,
+                    ctx: Some(ctx),
+                    sleep: None,
+                    cancelled: None,
                 },
             }
         }
@@ -223,19 +228,34 @@ pub mod future {
         type Output = Result<T, BoxError>;
 
         fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-            let (inner, sleep, cancelled) = match self.project().kind.project() {
-                KindProj::Cancelled => return Poll::Ready(Err(AgentError::Cancelled.into())),
-                KindProj::Running {
-                    inner,
-                    sleep,
-                    cancelled,
-                } => (inner, sleep, cancelled),
-            };
-            if cancelled.poll(cx).is_ready() {
+            let KindProj::Running {
+                inner,
+                until,
+                ctx,
+                mut sleep,
+                mut cancelled,
+            } = self.project().kind.project()
+            else {
                 return Poll::Ready(Err(AgentError::Cancelled.into()));
+            };
+            if let Some(cancelled) = cancelled.as_mut().as_pin_mut() {
+                if cancelled.poll(cx).is_ready() {
+                    return Poll::Ready(Err(AgentError::Cancelled.into()));
+                }
             }
             if let Poll::Ready(result) = inner.poll(cx) {
                 return Poll::Ready(result.map_err(Into::into));
+            }
+            // The first wait: arm the cancellation watch and the timer.
+            if let Some(ctx) = ctx.take() {
+                let token = ctx.cancellation_token().clone();
+                cancelled.set(Some(token.cancelled_owned()));
+                if let Some(cancelled) = cancelled.as_pin_mut() {
+                    if cancelled.poll(cx).is_ready() {
+                        return Poll::Ready(Err(AgentError::Cancelled.into()));
+                    }
+                }
+                sleep.set(until.map(tokio::time::sleep_until));
             }
             match sleep.as_pin_mut() {
                 Some(sleep) => {
