@@ -92,7 +92,13 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A fresh, random run id such as `run_3f9a0c1b2d4e5f60`.
 pub fn new_run_id() -> Arc<str> {
-    Arc::from(format!("run_{:016x}", rand::random::<u64>()))
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bits = rand::random::<u64>();
+    let mut id = *b"run_0000000000000000";
+    for (i, digit) in id[4..].iter_mut().enumerate() {
+        *digit = HEX[(bits >> (60 - 4 * i)) as usize & 0xf];
+    }
+    Arc::from(&*String::from_utf8_lossy(&id))
 }
 
 impl RunContext {
@@ -529,6 +535,17 @@ impl RunContextBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_ids_are_sixteen_random_hex_digits() {
+        let (a, b) = (new_run_id(), new_run_id());
+        assert_ne!(a, b);
+        let digits = a.strip_prefix("run_").expect("the prefix");
+        assert_eq!(digits.len(), 16);
+        assert!(digits
+            .bytes()
+            .all(|d| d.is_ascii_hexdigit() && !d.is_ascii_uppercase()));
+    }
 
     #[test]
     fn usage_rolls_up_exactly_once() {

@@ -18,7 +18,7 @@ use super::HookPoint;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, ErrorKind};
 use crate::request::{ModelCall, ToolInvocation, ToolOutput};
-use crate::types::{History, ModelResponse};
+use crate::types::{History, ModelName, ModelResponse};
 
 /// Around each model call: proceed (`next.run(call)` once), short-circuit
 /// (answer without it), retry (call it in a loop, cloning `next`), or fall
@@ -114,13 +114,19 @@ pub trait WrapRequest: sealed::Sealed + Send + Sized + 'static {
     /// was handed itself.
     #[doc(hidden)]
     fn reconcile(&mut self, by: &Arc<str>, received: &Self::Snapshot);
-    /// Who a nameless tripwire from below the last middleware is put on.
+    /// What is called: `model` or `tool`.
     #[doc(hidden)]
-    fn base_name(&self) -> String;
+    const KIND: &'static str;
+    /// The name of what is called (read only on an error, so cheap to take).
+    #[doc(hidden)]
+    type Name: fmt::Display + Send + 'static;
+    /// The model's or the tool's name.
+    #[doc(hidden)]
+    fn name(&self) -> Self::Name;
     /// What an error of the service below a lifecycle chain becomes: a tool's
     /// failure is an error result the middleware (and the model) read.
     #[doc(hidden)]
-    fn recover(base: &str, err: BoxError) -> Result<Self::Response, BoxError>;
+    fn recover(name: &Self::Name, err: BoxError) -> Result<Self::Response, BoxError>;
     /// What the error of a middleware in a lifecycle chain becomes.
     #[doc(hidden)]
     fn link_error(err: BoxError, name: &str) -> BoxError;
@@ -152,11 +158,14 @@ impl WrapRequest for ModelCall {
         }
     }
 
-    fn base_name(&self) -> String {
-        format!("model:{}", self.request.model)
+    const KIND: &'static str = "model";
+    type Name = ModelName;
+
+    fn name(&self) -> ModelName {
+        self.request.model.clone()
     }
 
-    fn recover(_base: &str, err: BoxError) -> Result<ModelResponse, BoxError> {
+    fn recover(_name: &ModelName, err: BoxError) -> Result<ModelResponse, BoxError> {
         // Retry and fallback middleware must see the model's failures.
         Err(err)
     }
@@ -198,11 +207,14 @@ impl WrapRequest for ToolInvocation {
         }
     }
 
-    fn base_name(&self) -> String {
-        format!("tool:{}", self.call.name)
+    const KIND: &'static str = "tool";
+    type Name = String;
+
+    fn name(&self) -> String {
+        self.call.name.clone()
     }
 
-    fn recover(base: &str, err: BoxError) -> Result<ToolOutput, BoxError> {
+    fn recover(name: &String, err: BoxError) -> Result<ToolOutput, BoxError> {
         let err = AgentError::classify(err);
         match err.kind() {
             ErrorKind::Tripwire
@@ -211,8 +223,7 @@ impl WrapRequest for ToolInvocation {
             | ErrorKind::Approval
             | ErrorKind::HistoryIntegrity => Err(Box::new(err)),
             _ => Ok(ToolOutput::error(format!(
-                "The tool `{}` failed: {err}",
-                base.trim_start_matches("tool:")
+                "The tool `{name}` failed: {err}"
             ))),
         }
     }
@@ -414,14 +425,15 @@ async fn call_base<Req: WrapRequest>(
     req: Req,
     recover: bool,
 ) -> Result<Req::Response, BoxError> {
-    let base = req.base_name();
+    let name = req.name();
+    let base = || format!("{}:{name}", Req::KIND);
     service.ready().await?;
     let result = match AssertUnwindSafe(service.call(req)).catch_unwind().await {
-        Ok(result) => result.map_err(|e| name_tripwire(e, &base, "call")),
-        Err(panic) => Err(format!("`{base}` panicked: {}", panic_message(&*panic)).into()),
+        Ok(result) => result.map_err(|e| name_tripwire(e, &base(), "call")),
+        Err(panic) => Err(format!("`{}` panicked: {}", base(), panic_message(&*panic)).into()),
     };
     match result {
-        Err(err) if recover => Req::recover(&base, err),
+        Err(err) if recover => Req::recover(&name, err),
         result => result,
     }
 }
