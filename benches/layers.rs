@@ -4,6 +4,7 @@
 //! pass-through layer over the raw-tower baseline.
 
 use std::future::{ready, Ready};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -22,9 +23,10 @@ use tower_agent::{BoxError, ModelCall, RunContext};
 #[path = "common/mod.rs"]
 mod common;
 
-/// A model that answers at once with a prepared response.
+/// A model that answers at once with a prepared response. Like a real
+/// provider client, it is cheap to clone (tower's retry clones it per call).
 #[derive(Clone)]
-struct Noop(ModelResponse);
+struct Noop(Arc<ModelResponse>);
 
 impl Service<ModelCall> for Noop {
     type Response = ModelResponse;
@@ -36,7 +38,7 @@ impl Service<ModelCall> for Noop {
     }
 
     fn call(&mut self, _call: ModelCall) -> Self::Future {
-        let mut response = self.0.clone();
+        let mut response = ModelResponse::clone(&self.0);
         response.usage_recorded = true;
         ready(Ok(response))
     }
@@ -68,10 +70,10 @@ fn call() -> ModelCall {
 
 fn layers(c: &mut Criterion) {
     let rt = common::runtime();
-    let model = Noop(ModelResponse::new(
+    let model = Noop(Arc::new(ModelResponse::new(
         "bench-model",
         Message::assistant("shipped"),
-    ));
+    )));
     let call = call();
     let mut group = c.benchmark_group("layer_per_call");
 
