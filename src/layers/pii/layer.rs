@@ -272,21 +272,18 @@ fn flush(sink: &DeltaSink, state: &Mutex<StreamState>, session: &Arc<PiiSession>
 
 impl<S> Service<ModelCall> for MaskPii<S>
 where
-    S: Service<ModelCall, Response = ModelResponse> + Clone + Send + 'static,
+    S: Service<ModelCall, Response = ModelResponse>,
     S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
 {
     type Response = ModelResponse;
     type Error = BoxError;
-    type Future = future::ResponseFuture;
+    type Future = future::ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, mut call: ModelCall) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let ctx = call.context.clone();
         let run = RunPii::of(&ctx, &self.engine);
         let session = run.lock().session.clone();
@@ -302,7 +299,7 @@ where
                     ),
                     info: Some(json!({ "kind": blocked.kind.label() })),
                 });
-                return future::ResponseFuture::new(std::future::ready(Err(err)));
+                return future::ResponseFuture::blocked(err);
             }
         };
         if count > 0 {
@@ -317,23 +314,104 @@ where
             call.stream = Some(restoring);
             (sink, state)
         });
-        let fut = inner.call(call);
-        future::ResponseFuture::new(async move {
-            let result = fut.await.map_err(Into::into);
-            if let Some((sink, state)) = &stream {
-                flush(sink, state, &session);
-            }
-            let mut response = result?;
-            restore_message(&session, &mut response.message);
-            Ok(response)
-        })
+        future::ResponseFuture::new(self.inner.call(call), session, stream)
     }
 }
 
 /// The future of [`MaskPii`].
 pub mod future {
+    use std::fmt;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{ready, Context, Poll};
+
+    use pin_project_lite::pin_project;
+
+    use super::{flush, restore_message, PiiSession, StreamState};
+    use crate::error::BoxError;
+    use crate::request::DeltaSink;
     use crate::types::ModelResponse;
 
-    /// The response future of [`MaskPii`](super::MaskPii).
-    pub type ResponseFuture = crate::future::BoxResponseFuture<ModelResponse>;
+    /// The caller's sink and the restorers feeding it.
+    pub(super) type Stream = (DeltaSink, Arc<Mutex<StreamState>>);
+
+    pin_project! {
+        /// The response future of [`MaskPii`](super::MaskPii): the inner
+        /// call, then the answer's placeholders restored.
+        pub struct ResponseFuture<F> {
+            #[pin]
+            state: State<F>,
+        }
+    }
+
+    pin_project! {
+        #[project = StateProj]
+        enum State<F> {
+            Calling {
+                #[pin]
+                future: F,
+                session: Arc<PiiSession>,
+                stream: Option<Stream>,
+            },
+            Blocked {
+                error: Option<BoxError>,
+            },
+        }
+    }
+
+    impl<F> ResponseFuture<F> {
+        pub(super) fn new(future: F, session: Arc<PiiSession>, stream: Option<Stream>) -> Self {
+            Self {
+                state: State::Calling {
+                    future,
+                    session,
+                    stream,
+                },
+            }
+        }
+
+        pub(super) fn blocked(error: BoxError) -> Self {
+            Self {
+                state: State::Blocked { error: Some(error) },
+            }
+        }
+    }
+
+    impl<F, E> Future for ResponseFuture<F>
+    where
+        F: Future<Output = Result<ModelResponse, E>>,
+        E: Into<BoxError>,
+    {
+        type Output = Result<ModelResponse, BoxError>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            match self.project().state.project() {
+                StateProj::Calling {
+                    future,
+                    session,
+                    stream,
+                } => {
+                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    if let Some((sink, state)) = stream.take() {
+                        flush(&sink, &state, session);
+                    }
+                    let mut response = result?;
+                    restore_message(session, &mut response.message);
+                    Poll::Ready(Ok(response))
+                }
+                StateProj::Blocked { error } => {
+                    Poll::Ready(Err(error.take().unwrap_or_else(|| {
+                        "the PII layer's future was polled after it finished".into()
+                    })))
+                }
+            }
+        }
+    }
+
+    impl<F> fmt::Debug for ResponseFuture<F> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("ResponseFuture").finish_non_exhaustive()
+        }
+    }
 }
