@@ -1,4 +1,5 @@
 use std::fmt;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
@@ -33,7 +34,7 @@ use crate::types::{AgentRun, RunStatus, ToolSpec};
 /// ```
 #[derive(Clone)]
 pub struct AgentTool<S> {
-    spec: ToolSpec,
+    spec: Arc<ToolSpec>,
     agent: S,
 }
 
@@ -50,7 +51,10 @@ impl<S> AgentTool<S> {
                 "additionalProperties": false
             }),
         );
-        Self { spec, agent }
+        Self {
+            spec: Arc::new(spec),
+            agent,
+        }
     }
 
     /// The inner run service.
@@ -127,6 +131,6 @@ where
     S::Future: Send + 'static,
 {
     fn from(tool: AgentTool<S>) -> Self {
-        ToolDef::new(tool.spec.clone(), tool)
+        ToolDef::new(ToolSpec::clone(&tool.spec), tool)
     }
 }

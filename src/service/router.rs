@@ -66,8 +66,11 @@ impl fmt::Debug for ToolDef {
 
 impl From<FnTool> for ToolDef {
     fn from(tool: FnTool) -> Self {
-        let (spec, idempotent, requires_approval) =
-            (tool.spec.clone(), tool.idempotent, tool.requires_approval);
+        let (spec, idempotent, requires_approval) = (
+            ToolSpec::clone(&tool.spec),
+            tool.idempotent,
+            tool.requires_approval,
+        );
         Self {
             idempotent,
             requires_approval,
@@ -182,8 +185,11 @@ impl ToolRouter {
                 known.join(", ")
             )));
         };
-        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&invocation.call.arguments) {
-            if invocation.args.is_null() {
+        // `null` is what arguments that are not JSON parse to: say why.
+        if invocation.args.is_null() {
+            if let Err(e) =
+                serde_json::from_str::<serde::de::IgnoredAny>(&invocation.call.arguments)
+            {
                 return Err(ToolOutput::error(format!(
                     "the arguments of `{name}` are not valid JSON ({e}); send a JSON object"
                 )));

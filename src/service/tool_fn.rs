@@ -36,7 +36,7 @@ enum Handler {
 /// Cheap: the function is shared.
 #[derive(Clone)]
 pub struct FnTool {
-    pub(crate) spec: ToolSpec,
+    pub(crate) spec: Arc<ToolSpec>,
     pub(crate) idempotent: bool,
     pub(crate) requires_approval: bool,
     handler: Handler,
@@ -81,7 +81,7 @@ fn parse_args<A: DeserializeOwned>(name: &str, args: Value) -> Result<A, ToolOut
 impl FnTool {
     fn with_handler<A: JsonSchema>(name: String, description: String, handler: Handler) -> Self {
         Self {
-            spec: ToolSpec::new(name, description, parameters_schema::<A>()),
+            spec: Arc::new(ToolSpec::new(name, description, parameters_schema::<A>())),
             idempotent: false,
             requires_approval: false,
             handler,
