@@ -1,7 +1,7 @@
 //! The cache key: a stable SHA-256 of what decides a model's answer.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
 
@@ -112,6 +112,11 @@ pub(super) struct Keyer {
 
 impl Keyer {
     pub(super) fn key(&self, request: &ModelRequest) -> CacheKey {
+        if request.tools.is_empty() {
+            // Requests without tools each bring their own empty list.
+            static NONE: LazyLock<[u8; 32]> = LazyLock::new(|| tools_digest(&[]));
+            return compose(request, &NONE);
+        }
         let tools = {
             let mut last = self
                 .last_tools
