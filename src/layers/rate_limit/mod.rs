@@ -120,6 +120,8 @@
 mod bucket;
 mod limiter;
 mod limits;
+#[cfg(test)]
+mod tests;
 
 pub use crate::error::RateLimited;
 pub use limits::{Limits, Rate};
@@ -137,7 +139,7 @@ use crate::error::{AgentError, BoxError};
 use crate::event::AgentEvent;
 use crate::request::ModelCall;
 use crate::types::{ModelRequest, ModelResponse};
-use limiter::{Arrival, EstimateFn, KeyFn, Limiter, Ticket, Waiter};
+use limiter::{Arrival, EstimateFn, KeyFn, KeyShared, Limiter, Ticket, Waiter};
 
 /// Applies [`ModelRateLimit`] to model services. Built with
 /// [`ModelRateLimitLayer::builder`]. See the [module docs](self).
@@ -292,9 +294,18 @@ impl RateLimitBuilder {
 /// What `poll_ready` holds for the next call (with a fixed key).
 enum Slot {
     Empty,
-    Waiting { waiter: Waiter, since: Instant },
-    Reserved { ticket: Ticket, waited: Duration },
-    Refused { retry_after: Duration },
+    Waiting {
+        waiter: Waiter,
+        since: Instant,
+    },
+    Reserved {
+        ticket: Ticket,
+        waited: Duration,
+    },
+    Refused {
+        key: Arc<KeyShared>,
+        retry_after: Duration,
+    },
 }
 
 /// Limits the requests and tokens of model calls. See the
@@ -349,13 +360,14 @@ impl<S: fmt::Debug> fmt::Debug for ModelRateLimit<S> {
     }
 }
 
-impl<S> ModelRateLimit<S> {
+impl Slot {
     /// With a fixed key: holds a request slot, or a refusal, once ready.
-    fn poll_slot(&mut self, key: &str, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll_ready(&mut self, limiter: &Limiter, key: &str, cx: &mut Context<'_>) -> Poll<()> {
         loop {
-            match &mut self.slot {
+            match self {
                 Slot::Empty => {
-                    self.slot = match self.limiter.arrive(key, 1, 0, self.limiter.max_wait) {
+                    let key = limiter.key(key);
+                    *self = match key.arrive(1, 0, limiter.max_wait) {
                         Ok(Arrival::Admitted(ticket)) => Slot::Reserved {
                             ticket,
                             waited: Duration::ZERO,
@@ -364,13 +376,13 @@ impl<S> ModelRateLimit<S> {
                             waiter,
                             since: Instant::now(),
                         },
-                        Err(retry_after) => Slot::Refused { retry_after },
+                        Err(retry_after) => Slot::Refused { key, retry_after },
                     };
                 }
                 Slot::Waiting { waiter, since } => {
                     let ticket = ready!(waiter.poll_admitted(cx));
                     let waited = since.elapsed();
-                    self.slot = Slot::Reserved { ticket, waited };
+                    *self = Slot::Reserved { ticket, waited };
                 }
                 Slot::Reserved { .. } | Slot::Refused { .. } => return Poll::Ready(()),
             }
@@ -389,8 +401,8 @@ where
     type Future = future::ResponseFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        if let Some(key) = self.limiter.fixed_key.clone() {
-            ready!(self.poll_slot(&key, cx));
+        if let Some(key) = &self.limiter.fixed_key {
+            ready!(self.slot.poll_ready(&self.limiter, key, cx));
             if matches!(self.slot, Slot::Refused { .. }) {
                 // `call` answers with the refusal.
                 return Poll::Ready(Ok(()));
@@ -400,15 +412,18 @@ where
     }
 
     fn call(&mut self, call: ModelCall) -> future::ResponseFuture {
-        let key = self.limiter.key_of(&call);
         let (held, waited) = match std::mem::replace(&mut self.slot, Slot::Empty) {
-            Slot::Refused { retry_after } => {
-                return future::ResponseFuture::refused(RateLimited::new(key, retry_after))
+            Slot::Refused { key, retry_after } => {
+                return future::ResponseFuture::refused(RateLimited::new(key.key(), retry_after))
             }
             Slot::Reserved { ticket, waited } => (Some(ticket), waited),
             // Not made ready by `poll_ready` (or a key-per-request layer):
             // everything is reserved here.
             Slot::Waiting { .. } | Slot::Empty => (None, Duration::ZERO),
+        };
+        let key = match &held {
+            Some(ticket) => ticket.shared().clone(),
+            None => self.limiter.key_of(&call),
         };
         let tokens = self.limiter.estimate(&call.request);
         let mut max_wait = self.limiter.max_wait.saturating_sub(waited);
@@ -416,16 +431,16 @@ where
             max_wait = max_wait.min(left);
         }
         let requests = u64::from(held.is_none());
-        let arrival = match self.limiter.arrive(&key, requests, tokens, max_wait) {
+        let arrival = match key.arrive(requests, tokens, max_wait) {
             Ok(arrival) => arrival,
             // A slot held from `poll_ready` is given back as `held` drops.
             Err(retry_after) => {
-                return future::ResponseFuture::refused(RateLimited::new(key, retry_after))
+                return future::ResponseFuture::refused(RateLimited::new(key.key(), retry_after))
             }
         };
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        future::ResponseFuture::new(Box::pin(limited(inner, call, key, arrival, held, waited)))
+        future::ResponseFuture::new(Box::pin(limited(inner, call, arrival, held, waited)))
     }
 }
 
@@ -433,7 +448,6 @@ where
 async fn limited<S>(
     mut inner: S,
     call: ModelCall,
-    key: String,
     arrival: Arrival,
     held: Option<Ticket>,
     waited: Duration,
@@ -447,7 +461,7 @@ where
         Arrival::Admitted(ticket) => ticket,
         Arrival::Queued(mut waiter) => {
             let since = Instant::now();
-            tracing::debug!(key = %key, "rate limit: waiting for capacity");
+            tracing::debug!(key = %waiter.key(), "rate limit: waiting for capacity");
             let ticket = std::future::poll_fn(|cx| waiter.poll_admitted(cx)).await;
             waited += since.elapsed();
             ticket
