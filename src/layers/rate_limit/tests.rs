@@ -1,10 +1,92 @@
-//! The paths of the layer that the integration tests do not reach: the
-//! key lookup under threads.
+//! The paths of the layer that the integration tests do not reach: a
+//! response future dropped before or after it was first polled, the key
+//! lookup under threads, the future's `Debug`.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tower::{Layer, Service, ServiceExt};
+use tower_test::mock;
 
 use super::limiter::Limiter;
-use super::ModelRateLimitLayer;
+use super::{ModelRateLimitLayer, RateLimited};
+use crate::types::{Message, ModelRequest, ModelResponse};
+use crate::{ModelCall, RunContext, ScriptedModel, ScriptedTurn};
+
+fn call(model: &str) -> ModelCall {
+    ModelCall::new(
+        ModelRequest::new(model, vec![Message::user("hi")]),
+        RunContext::new(),
+    )
+}
+
+fn one_a_minute() -> ModelRateLimitLayer {
+    ModelRateLimitLayer::builder()
+        .requests(1, Duration::from_secs(60))
+        .tokens(10_000, Duration::from_secs(60))
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_future_dropped_before_its_first_poll_gives_its_reservation_back() {
+    let mut service = one_a_minute().layer(ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")));
+    let unpolled = service.ready().await.unwrap().call(call("m"));
+    assert!(format!("{unpolled:?}").contains("Called"));
+    drop(unpolled);
+
+    // The minute's one request came back: the next call goes out.
+    let response = service.ready().await.unwrap().call(call("m")).await;
+    assert!(response.is_ok());
+    // And is spent now.
+    let err = service
+        .ready()
+        .await
+        .unwrap()
+        .call(call("m"))
+        .await
+        .unwrap_err();
+    let refused = err
+        .downcast_ref::<RateLimited>()
+        .expect("a RateLimited leaf");
+    assert_eq!(refused.retry_after(), Duration::from_secs(60));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_future_dropped_once_its_call_went_out_keeps_its_reservation() {
+    let (mut service, mut handle) =
+        mock::spawn_layer::<ModelCall, ModelResponse, _>(one_a_minute());
+    assert!(service.poll_ready().is_ready());
+    let mut sent = Box::pin(service.call(call("m")));
+    // First poll: the call goes out, and the model has not answered.
+    assert!((&mut sent).now_or_never().is_none());
+    let (_, _reply) = handle.next_request().await.unwrap();
+    drop(sent);
+
+    assert!(service.poll_ready().is_ready());
+    let err = service.call(call("m")).await.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<RateLimited>().unwrap().retry_after(),
+        Duration::from_secs(60)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_is_debug_and_answers_once() {
+    let mut service = one_a_minute().layer(ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")));
+    service
+        .ready()
+        .await
+        .unwrap()
+        .call(call("m"))
+        .await
+        .unwrap();
+    let refused = service.ready().await.unwrap().call(call("m"));
+    assert!(format!("{refused:?}").contains("Refused"));
+    assert!(refused.await.is_err());
+}
 
 #[test]
 fn every_thread_finds_the_same_state_for_a_key() {
