@@ -232,17 +232,24 @@ impl KeyShared {
         state.wake_head();
     }
 
+    /// Charges or refunds the difference between `actual` and what `grant`
+    /// reserved. Only the token bucket is brought up to date: catching the
+    /// request bucket up now or at its next use comes to the same level.
     fn settle(&self, grant: &Grant, actual: u64) {
+        if actual == grant.amount {
+            return;
+        }
         let now = Instant::now();
         let mut state = self.state();
-        state.refill(now);
-        if let Some(bucket) = &mut state.tokens {
-            if actual > grant.amount {
-                bucket.charge(actual - grant.amount);
-            } else {
-                bucket.refund(grant, grant.amount - actual, now);
-                state.wake_head();
-            }
+        let Some(bucket) = &mut state.tokens else {
+            return;
+        };
+        bucket.refill(now);
+        if actual > grant.amount {
+            bucket.charge(actual - grant.amount);
+        } else {
+            bucket.refund(grant, grant.amount - actual, now);
+            state.wake_head();
         }
     }
 }

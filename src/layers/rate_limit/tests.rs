@@ -1,6 +1,7 @@
 //! The paths of the layer that the integration tests do not reach: a
-//! response future dropped before or after it was first polled, the key
-//! lookup under threads, the future's `Debug`.
+//! response future dropped before or after it was first polled, a call
+//! that used exactly its estimate, the key lookup under threads, the
+//! future's `Debug`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use tower_test::mock;
 
 use super::limiter::Limiter;
 use super::{ModelRateLimitLayer, RateLimited};
-use crate::types::{Message, ModelRequest, ModelResponse};
+use crate::types::{Message, ModelRequest, ModelResponse, Usage};
 use crate::{ModelCall, RunContext, ScriptedModel, ScriptedTurn};
 
 fn call(model: &str) -> ModelCall {
@@ -86,6 +87,38 @@ async fn a_refusal_is_debug_and_answers_once() {
     let refused = service.ready().await.unwrap().call(call("m"));
     assert!(format!("{refused:?}").contains("Refused"));
     assert!(refused.await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_used_its_estimate_exactly_keeps_it_all() {
+    // 1,000 tokens a minute (60 ms a token), every call estimated at 800.
+    let layer = ModelRateLimitLayer::builder()
+        .requests(10, Duration::from_secs(60))
+        .tokens(1_000, Duration::from_secs(60))
+        .estimate(|_| 800)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let mut service = layer.layer(ScriptedModel::from_fn(|_| {
+        ScriptedTurn::text("ok").usage(Usage::new(700, 100))
+    }));
+    service
+        .ready()
+        .await
+        .unwrap()
+        .call(call("m"))
+        .await
+        .unwrap();
+    // 200 left: the next 800 are 600 tokens, 36 s, away.
+    let err = service
+        .ready()
+        .await
+        .unwrap()
+        .call(call("m"))
+        .await
+        .unwrap_err();
+    let refused = err.downcast_ref::<RateLimited>().unwrap();
+    assert_eq!(refused.retry_after(), Duration::from_secs(36));
 }
 
 #[test]
