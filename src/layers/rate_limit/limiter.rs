@@ -57,15 +57,30 @@ impl KeyState {
     /// How long until `requests` and `tokens` fit after everything queued
     /// at or before `position` (an estimate: settlements may change it).
     fn wait_at(&self, position: usize, requests: u64, tokens: u64) -> Duration {
-        let ahead = self.queue.iter().take(position);
-        let (r, t) = ahead.fold((requests, tokens), |(r, t), q| {
-            (r + q.requests, t + q.tokens)
-        });
+        let (r, t) = match position {
+            0 => (requests, tokens),
+            _ => self
+                .queue
+                .iter()
+                .take(position)
+                .fold((requests, tokens), |(r, t), q| {
+                    (r + q.requests, t + q.tokens)
+                }),
+        };
         let wait = |bucket: &Option<Bucket>, n: u64| match bucket {
             Some(b) if n > 0 => b.time_for(b.scaled(n)),
             _ => Duration::ZERO,
         };
         wait(&self.requests, r).max(wait(&self.tokens, t))
+    }
+
+    /// Whether `requests` and `tokens` fit now: `wait_at(0, ..)` is zero.
+    fn fits(&self, requests: u64, tokens: u64) -> bool {
+        let holds = |bucket: &Option<Bucket>, n: u64| match bucket {
+            Some(b) if n > 0 => b.holds(n),
+            _ => true,
+        };
+        holds(&self.requests, requests) && holds(&self.tokens, tokens)
     }
 
     fn take(&mut self, requests: u64, tokens: u64) -> (Option<Grant>, Option<Grant>) {
@@ -140,8 +155,7 @@ impl KeyShared {
         } else {
             state.queue.len()
         };
-        let wait = state.wait_at(position, requests, tokens);
-        if position == 0 && wait.is_zero() {
+        if position == 0 && state.fits(requests, tokens) {
             let (request_grant, token_grant) = state.take(requests, tokens);
             drop(state);
             return Ok(Arrival::Admitted(Ticket::new(
@@ -150,6 +164,7 @@ impl KeyShared {
                 token_grant,
             )));
         }
+        let wait = state.wait_at(position, requests, tokens);
         if wait > max_wait {
             return Err(wait);
         }
