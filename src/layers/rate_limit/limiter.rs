@@ -6,12 +6,17 @@
 //! the head waits on a timer (until the buckets will hold enough); the
 //! others wait to become the head. Refunds and releases wake the head, which
 //! checks again.
+//!
+//! Each key's state sits behind its own lock in a [`KeyShared`], found once
+//! per call: the [`Waiter`] and [`Ticket`] of a call hold it, so settling,
+//! releasing and leaving go straight to it. The first key a layer sees (the
+//! only one, for a layer bound to one model) is found without the map.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -52,15 +57,30 @@ impl KeyState {
     /// How long until `requests` and `tokens` fit after everything queued
     /// at or before `position` (an estimate: settlements may change it).
     fn wait_at(&self, position: usize, requests: u64, tokens: u64) -> Duration {
-        let ahead = self.queue.iter().take(position);
-        let (r, t) = ahead.fold((requests, tokens), |(r, t), q| {
-            (r + q.requests, t + q.tokens)
-        });
+        let (r, t) = match position {
+            0 => (requests, tokens),
+            _ => self
+                .queue
+                .iter()
+                .take(position)
+                .fold((requests, tokens), |(r, t), q| {
+                    (r + q.requests, t + q.tokens)
+                }),
+        };
         let wait = |bucket: &Option<Bucket>, n: u64| match bucket {
             Some(b) if n > 0 => b.time_for(b.scaled(n)),
             _ => Duration::ZERO,
         };
         wait(&self.requests, r).max(wait(&self.tokens, t))
+    }
+
+    /// Whether `requests` and `tokens` fit now: `wait_at(0, ..)` is zero.
+    fn fits(&self, requests: u64, tokens: u64) -> bool {
+        let holds = |bucket: &Option<Bucket>, n: u64| match bucket {
+            Some(b) if n > 0 => b.holds(n),
+            _ => true,
+        };
+        holds(&self.requests, requests) && holds(&self.tokens, tokens)
     }
 
     fn take(&mut self, requests: u64, tokens: u64) -> (Option<Grant>, Option<Grant>) {
@@ -81,75 +101,37 @@ impl KeyState {
     }
 }
 
-/// How a call's key and token estimate are found.
-pub(super) type KeyFn = dyn Fn(&ModelCall) -> String + Send + Sync;
-pub(super) type EstimateFn = dyn Fn(&ModelRequest) -> u64 + Send + Sync;
-
-/// The configuration and the state every clone of a layer and of its
-/// services shares.
-pub(super) struct Limiter {
-    pub(super) default: Limits,
-    pub(super) per_key: HashMap<String, Limits>,
-    pub(super) max_wait: Duration,
-    pub(super) fixed_key: Option<String>,
-    pub(super) key_fn: Option<Arc<KeyFn>>,
-    pub(super) estimate: Option<Arc<EstimateFn>>,
-    pub(super) default_output_tokens: u64,
-    keys: Mutex<HashMap<String, KeyState>>,
+/// One key's quota and queue, shared by the limiter and every call of that
+/// key that waits or holds a part of the quota.
+pub(super) struct KeyShared {
+    key: Arc<str>,
+    state: Mutex<KeyState>,
 }
 
-/// The outcome of arriving at a key's queue.
-pub(super) enum Arrival {
-    /// Admitted at once.
-    Admitted(Ticket),
-    /// Queued: poll the waiter until it is admitted.
-    Queued(Waiter),
-}
-
-impl Limiter {
-    pub(super) fn new(config: super::RateLimitBuilder) -> Self {
+impl KeyShared {
+    fn new(key: Arc<str>, limits: Limits, now: Instant) -> Self {
         Self {
-            default: config.default,
-            per_key: config.per_key,
-            max_wait: config.max_wait,
-            fixed_key: config.fixed_key,
-            key_fn: config.key_fn,
-            estimate: config.estimate,
-            default_output_tokens: config.default_output_tokens,
-            keys: Mutex::default(),
+            key,
+            state: Mutex::new(KeyState {
+                requests: limits.request_rate().map(|r| Bucket::new(r, now)),
+                tokens: limits.token_rate().map(|r| Bucket::new(r, now)),
+                queue: VecDeque::new(),
+                holders: 0,
+                next_id: 0,
+            }),
         }
     }
 
-    fn keys(&self) -> MutexGuard<'_, HashMap<String, KeyState>> {
-        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The key's name.
+    pub(super) fn key(&self) -> &str {
+        &self.key
     }
 
-    /// The key of `call`: the fixed key, the key function's, or the model.
-    pub(super) fn key_of(&self, call: &ModelCall) -> String {
-        if let Some(key) = &self.fixed_key {
-            return key.clone();
-        }
-        match &self.key_fn {
-            Some(f) => f(call),
-            None => call.request.model.to_string(),
-        }
+    fn state(&self) -> MutexGuard<'_, KeyState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The tokens `request` is expected to take: its text at four bytes a
-    /// token plus `max_tokens` (or the default output estimate).
-    pub(super) fn estimate(&self, request: &ModelRequest) -> u64 {
-        match &self.estimate {
-            Some(f) => f(request),
-            None => request.messages.text_len().div_ceil(4).saturating_add(
-                request
-                    .settings
-                    .max_tokens
-                    .map_or(self.default_output_tokens, u64::from),
-            ),
-        }
-    }
-
-    /// Arrives at `key`'s queue needing `requests` (0 for a caller that
+    /// Arrives at the key's queue needing `requests` (0 for a caller that
     /// already holds its request slot) and `tokens`.
     ///
     /// # Errors
@@ -158,25 +140,12 @@ impl Limiter {
     /// wait. Nothing is taken or queued then.
     pub(super) fn arrive(
         self: &Arc<Self>,
-        key: &str,
         requests: u64,
         tokens: u64,
         max_wait: Duration,
     ) -> Result<Arrival, Duration> {
         let now = Instant::now();
-        let mut keys = self.keys();
-        if !keys.contains_key(key) {
-            let limits = self.per_key.get(key).copied().unwrap_or(self.default);
-            let state = KeyState {
-                requests: limits.request_rate().map(|r| Bucket::new(r, now)),
-                tokens: limits.token_rate().map(|r| Bucket::new(r, now)),
-                queue: VecDeque::new(),
-                holders: 0,
-                next_id: 0,
-            };
-            keys.insert(key.to_owned(), state);
-        }
-        let state = keys.get_mut(key).expect("inserted above");
+        let mut state = self.state();
         state.refill(now);
         let requests = state.requests.as_ref().map_or(0, |b| b.clamp(requests));
         let tokens = state.tokens.as_ref().map_or(0, |b| b.clamp(tokens));
@@ -186,16 +155,16 @@ impl Limiter {
         } else {
             state.queue.len()
         };
-        let wait = state.wait_at(position, requests, tokens);
-        if position == 0 && wait.is_zero() {
+        if position == 0 && state.fits(requests, tokens) {
             let (request_grant, token_grant) = state.take(requests, tokens);
+            drop(state);
             return Ok(Arrival::Admitted(Ticket::new(
                 self.clone(),
-                key,
                 request_grant,
                 token_grant,
             )));
         }
+        let wait = state.wait_at(position, requests, tokens);
         if wait > max_wait {
             return Err(wait);
         }
@@ -211,9 +180,9 @@ impl Limiter {
         if holder {
             state.holders += 1;
         }
+        drop(state);
         Ok(Arrival::Queued(Waiter {
-            limiter: self.clone(),
-            key: key.to_owned(),
+            shared: self.clone(),
             id,
             sleep: None,
             admitted: false,
@@ -222,12 +191,9 @@ impl Limiter {
 
     /// Admits waiter `id` if it is the head and its needs fit; otherwise
     /// keeps its waker, and says until when the head must wait.
-    fn poll_admit(&self, key: &str, id: u64, waker: &Waker) -> Admit {
+    fn poll_admit(&self, id: u64, waker: &Waker) -> Admit {
         let now = Instant::now();
-        let mut keys = self.keys();
-        let Some(state) = keys.get_mut(key) else {
-            return Admit::Gone;
-        };
+        let mut state = self.state();
         state.refill(now);
         let Some(index) = state.queue.iter().position(|q| q.id == id) else {
             return Admit::Gone;
@@ -254,11 +220,8 @@ impl Limiter {
         Admit::Admitted(request_grant, token_grant)
     }
 
-    fn leave(&self, key: &str, id: u64) {
-        let mut keys = self.keys();
-        let Some(state) = keys.get_mut(key) else {
-            return;
-        };
+    fn leave(&self, id: u64) {
+        let mut state = self.state();
         if let Some(index) = state.queue.iter().position(|q| q.id == id) {
             if let Some(left) = state.queue.remove(index) {
                 if left.requests == 0 {
@@ -271,12 +234,9 @@ impl Limiter {
         }
     }
 
-    fn release(&self, key: &str, requests: Option<&Grant>, tokens: Option<&Grant>) {
+    fn release(&self, requests: Option<&Grant>, tokens: Option<&Grant>) {
         let now = Instant::now();
-        let mut keys = self.keys();
-        let Some(state) = keys.get_mut(key) else {
-            return;
-        };
+        let mut state = self.state();
         state.refill(now);
         if let (Some(bucket), Some(grant)) = (&mut state.requests, requests) {
             bucket.refund(grant, grant.amount, now);
@@ -287,20 +247,120 @@ impl Limiter {
         state.wake_head();
     }
 
-    fn settle(&self, key: &str, grant: &Grant, actual: u64) {
+    /// Charges or refunds the difference between `actual` and what `grant`
+    /// reserved. Only the token bucket is brought up to date: catching the
+    /// request bucket up now or at its next use comes to the same level.
+    fn settle(&self, grant: &Grant, actual: u64) {
+        if actual == grant.amount {
+            return;
+        }
         let now = Instant::now();
-        let mut keys = self.keys();
-        let Some(state) = keys.get_mut(key) else {
+        let mut state = self.state();
+        let Some(bucket) = &mut state.tokens else {
             return;
         };
-        state.refill(now);
-        if let Some(bucket) = &mut state.tokens {
-            if actual > grant.amount {
-                bucket.charge(actual - grant.amount);
-            } else {
-                bucket.refund(grant, grant.amount - actual, now);
-                state.wake_head();
-            }
+        bucket.refill(now);
+        if actual > grant.amount {
+            bucket.charge(actual - grant.amount);
+        } else {
+            bucket.refund(grant, grant.amount - actual, now);
+            state.wake_head();
+        }
+    }
+}
+
+/// How a call's key and token estimate are found.
+pub(super) type KeyFn = dyn Fn(&ModelCall) -> String + Send + Sync;
+pub(super) type EstimateFn = dyn Fn(&ModelRequest) -> u64 + Send + Sync;
+
+/// The configuration and the state every clone of a layer and of its
+/// services shares.
+pub(super) struct Limiter {
+    pub(super) default: Limits,
+    pub(super) per_key: HashMap<String, Limits>,
+    pub(super) max_wait: Duration,
+    pub(super) fixed_key: Option<String>,
+    pub(super) key_fn: Option<Arc<KeyFn>>,
+    pub(super) estimate: Option<Arc<EstimateFn>>,
+    pub(super) default_output_tokens: u64,
+    /// The first key seen, read without a lock. Set only under `keys`'
+    /// lock, and never also in `keys`.
+    first: OnceLock<Arc<KeyShared>>,
+    /// Every other key.
+    keys: Mutex<HashMap<Arc<str>, Arc<KeyShared>>>,
+}
+
+/// The outcome of arriving at a key's queue.
+pub(super) enum Arrival {
+    /// Admitted at once.
+    Admitted(Ticket),
+    /// Queued: poll the waiter until it is admitted.
+    Queued(Waiter),
+}
+
+impl Limiter {
+    pub(super) fn new(config: super::RateLimitBuilder) -> Self {
+        Self {
+            default: config.default,
+            per_key: config.per_key,
+            max_wait: config.max_wait,
+            fixed_key: config.fixed_key,
+            key_fn: config.key_fn,
+            estimate: config.estimate,
+            default_output_tokens: config.default_output_tokens,
+            first: OnceLock::new(),
+            keys: Mutex::default(),
+        }
+    }
+
+    /// The state of `key`, created (with full buckets) on first use.
+    pub(super) fn key(&self, key: &str) -> Arc<KeyShared> {
+        match self.first.get() {
+            Some(first) if *first.key == *key => first.clone(),
+            _ => self.key_locked(key),
+        }
+    }
+
+    fn key_locked(&self, key: &str) -> Arc<KeyShared> {
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        // Another thread may have set `first` since it was read.
+        if let Some(first) = self.first.get().filter(|first| *first.key == *key) {
+            return first.clone();
+        }
+        if let Some(shared) = keys.get(key) {
+            return shared.clone();
+        }
+        let limits = self.per_key.get(key).copied().unwrap_or(self.default);
+        let shared = Arc::new(KeyShared::new(Arc::from(key), limits, Instant::now()));
+        if let Err(shared) = self.first.set(shared.clone()) {
+            keys.insert(shared.key.clone(), shared);
+        }
+        shared
+    }
+
+    /// The state of `call`'s key: the fixed key, the key function's, or the
+    /// model.
+    pub(super) fn key_of(&self, call: &ModelCall) -> Arc<KeyShared> {
+        if let Some(key) = &self.fixed_key {
+            return self.key(key);
+        }
+        match &self.key_fn {
+            Some(f) => self.key(&f(call)),
+            None => self.key(&call.request.model),
+        }
+    }
+
+    /// The tokens `request` is expected to take: its text at four bytes a
+    /// token plus `max_tokens` (or the default output estimate).
+    pub(super) fn estimate(&self, request: &ModelRequest) -> u64 {
+        match &self.estimate {
+            Some(f) => f(request),
+            None => request.messages.text_len().div_ceil(4).saturating_add(
+                request
+                    .settings
+                    .max_tokens
+                    .map_or(self.default_output_tokens, u64::from),
+            ),
         }
     }
 }
@@ -327,27 +387,31 @@ enum Admit {
 
 /// A place in a key's queue. Dropped before admission, it leaves the queue.
 pub(super) struct Waiter {
-    limiter: Arc<Limiter>,
-    key: String,
+    shared: Arc<KeyShared>,
     id: u64,
     sleep: Option<Pin<Box<Sleep>>>,
     admitted: bool,
 }
 
 impl Waiter {
+    /// The key's name.
+    pub(super) fn key(&self) -> &str {
+        self.shared.key()
+    }
+
     /// Resolves once admitted.
     pub(super) fn poll_admitted(&mut self, cx: &mut Context<'_>) -> Poll<Ticket> {
         loop {
-            match self.limiter.poll_admit(&self.key, self.id, cx.waker()) {
+            match self.shared.poll_admit(self.id, cx.waker()) {
                 Admit::Admitted(requests, tokens) => {
                     self.admitted = true;
-                    let ticket = Ticket::new(self.limiter.clone(), &self.key, requests, tokens);
+                    let ticket = Ticket::new(self.shared.clone(), requests, tokens);
                     return Poll::Ready(ticket);
                 }
                 Admit::Gone => {
                     // Not queued: admit with nothing held rather than hang.
                     self.admitted = true;
-                    return Poll::Ready(Ticket::new(self.limiter.clone(), &self.key, None, None));
+                    return Poll::Ready(Ticket::new(self.shared.clone(), None, None));
                 }
                 Admit::NotHead => return Poll::Pending,
                 Admit::WaitUntil(deadline) => {
@@ -372,7 +436,7 @@ impl Waiter {
 impl Drop for Waiter {
     fn drop(&mut self) {
         if !self.admitted {
-            self.limiter.leave(&self.key, self.id);
+            self.shared.leave(self.id);
         }
     }
 }
@@ -380,7 +444,7 @@ impl Drop for Waiter {
 impl fmt::Debug for Waiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Waiter")
-            .field("key", &self.key)
+            .field("key", &self.key())
             .field("id", &self.id)
             .finish_non_exhaustive()
     }
@@ -390,31 +454,30 @@ impl fmt::Debug for Waiter {
 /// it gives it back; once sent, its tokens are settled with the real usage,
 /// or kept as reserved if the call failed.
 pub(super) struct Ticket {
-    limiter: Arc<Limiter>,
-    key: String,
+    shared: Arc<KeyShared>,
     requests: Option<Grant>,
     tokens: Option<Grant>,
     sent: bool,
 }
 
 impl Ticket {
-    fn new(
-        limiter: Arc<Limiter>,
-        key: &str,
-        requests: Option<Grant>,
-        tokens: Option<Grant>,
-    ) -> Self {
+    fn new(shared: Arc<KeyShared>, requests: Option<Grant>, tokens: Option<Grant>) -> Self {
         Self {
-            limiter,
-            key: key.to_owned(),
+            shared,
             requests,
             tokens,
             sent: false,
         }
     }
 
+    /// The state of the ticket's key.
+    pub(super) fn shared(&self) -> &Arc<KeyShared> {
+        &self.shared
+    }
+
+    /// The key's name.
     pub(super) fn key(&self) -> &str {
-        &self.key
+        self.shared.key()
     }
 
     /// Takes over what `other` (of the same key) holds.
@@ -429,10 +492,11 @@ impl Ticket {
     }
 
     /// Charges the difference between the real token count and the
-    /// reservation, or refunds it.
-    pub(super) fn settle(self, actual_tokens: u64) {
-        if let Some(grant) = &self.tokens {
-            self.limiter.settle(&self.key, grant, actual_tokens);
+    /// reservation, or refunds it. Once: the tokens are then settled.
+    pub(super) fn settle(&mut self, actual_tokens: u64) {
+        debug_assert!(self.sent, "settled before it was sent");
+        if let Some(grant) = self.tokens.take() {
+            self.shared.settle(&grant, actual_tokens);
         }
     }
 }
@@ -440,8 +504,8 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.sent && (self.requests.is_some() || self.tokens.is_some()) {
-            self.limiter
-                .release(&self.key, self.requests.as_ref(), self.tokens.as_ref());
+            self.shared
+                .release(self.requests.as_ref(), self.tokens.as_ref());
         }
     }
 }
@@ -449,7 +513,7 @@ impl Drop for Ticket {
 impl fmt::Debug for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Ticket")
-            .field("key", &self.key)
+            .field("key", &self.key())
             .field("requests", &self.requests.map(|g| g.amount))
             .field("tokens", &self.tokens.map(|g| g.amount))
             .field("sent", &self.sent)

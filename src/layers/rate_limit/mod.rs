@@ -65,7 +65,8 @@
 //! provider may have spent it, and a storm of failures must not overrun the
 //! provider's limit). A call dropped before it went out (cancelled while
 //! waiting, or a service dropped while holding a slot) gives back what it
-//! held.
+//! held; once the inner service was called, the reservation is kept, as the
+//! inner service may have sent the request from `call`.
 //!
 //! # Waiting: FIFO, bounded by `max_wait`
 //!
@@ -81,7 +82,7 @@
 //! (`RATE_LIMITED`), whose `retry_after` is that estimate; a retry layer
 //! outside honours it. Settlements of calls in flight may make the real
 //! wait shorter or longer than the estimate. A call that waited emits
-//! [`AgentEvent::RateLimitWait`].
+//! [`AgentEvent::RateLimitWait`](crate::event::AgentEvent::RateLimitWait).
 //!
 //! # Readiness
 //!
@@ -105,9 +106,11 @@
 //! # Clone
 //!
 //! A clone shares the quota but not a reservation its original made in
-//! `poll_ready`: it reserves for itself when polled. The response future
-//! owns the ready inner service (`mem::replace`), so the service is ready to
-//! be polled again at once.
+//! `poll_ready`: it reserves for itself when polled. A call admitted at once
+//! calls the inner service from `call`, as tower's own middleware do; a
+//! call that waits takes the ready inner service into its response future
+//! (`mem::replace`, leaving a clone behind), so the service is ready to be
+//! polled again at once.
 //!
 //! # Order
 //!
@@ -120,6 +123,8 @@
 mod bucket;
 mod limiter;
 mod limits;
+#[cfg(test)]
+mod tests;
 
 pub use crate::error::RateLimited;
 pub use limits::{Limits, Rate};
@@ -134,10 +139,9 @@ use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use crate::error::{AgentError, BoxError};
-use crate::event::AgentEvent;
 use crate::request::ModelCall;
 use crate::types::{ModelRequest, ModelResponse};
-use limiter::{Arrival, EstimateFn, KeyFn, Limiter, Ticket, Waiter};
+use limiter::{Arrival, EstimateFn, KeyFn, KeyShared, Limiter, Ticket, Waiter};
 
 /// Applies [`ModelRateLimit`] to model services. Built with
 /// [`ModelRateLimitLayer::builder`]. See the [module docs](self).
@@ -292,9 +296,18 @@ impl RateLimitBuilder {
 /// What `poll_ready` holds for the next call (with a fixed key).
 enum Slot {
     Empty,
-    Waiting { waiter: Waiter, since: Instant },
-    Reserved { ticket: Ticket, waited: Duration },
-    Refused { retry_after: Duration },
+    Waiting {
+        waiter: Waiter,
+        since: Instant,
+    },
+    Reserved {
+        ticket: Ticket,
+        waited: Duration,
+    },
+    Refused {
+        key: Arc<KeyShared>,
+        retry_after: Duration,
+    },
 }
 
 /// Limits the requests and tokens of model calls. See the
@@ -349,13 +362,14 @@ impl<S: fmt::Debug> fmt::Debug for ModelRateLimit<S> {
     }
 }
 
-impl<S> ModelRateLimit<S> {
+impl Slot {
     /// With a fixed key: holds a request slot, or a refusal, once ready.
-    fn poll_slot(&mut self, key: &str, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll_ready(&mut self, limiter: &Limiter, key: &str, cx: &mut Context<'_>) -> Poll<()> {
         loop {
-            match &mut self.slot {
+            match self {
                 Slot::Empty => {
-                    self.slot = match self.limiter.arrive(key, 1, 0, self.limiter.max_wait) {
+                    let key = limiter.key(key);
+                    *self = match key.arrive(1, 0, limiter.max_wait) {
                         Ok(Arrival::Admitted(ticket)) => Slot::Reserved {
                             ticket,
                             waited: Duration::ZERO,
@@ -364,13 +378,13 @@ impl<S> ModelRateLimit<S> {
                             waiter,
                             since: Instant::now(),
                         },
-                        Err(retry_after) => Slot::Refused { retry_after },
+                        Err(retry_after) => Slot::Refused { key, retry_after },
                     };
                 }
                 Slot::Waiting { waiter, since } => {
                     let ticket = ready!(waiter.poll_admitted(cx));
                     let waited = since.elapsed();
-                    self.slot = Slot::Reserved { ticket, waited };
+                    *self = Slot::Reserved { ticket, waited };
                 }
                 Slot::Reserved { .. } | Slot::Refused { .. } => return Poll::Ready(()),
             }
@@ -380,17 +394,16 @@ impl<S> ModelRateLimit<S> {
 
 impl<S> Service<ModelCall> for ModelRateLimit<S>
 where
-    S: Service<ModelCall, Response = ModelResponse> + Clone + Send + 'static,
+    S: Service<ModelCall, Response = ModelResponse> + Clone,
     S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
 {
     type Response = ModelResponse;
     type Error = BoxError;
-    type Future = future::ResponseFuture;
+    type Future = future::ResponseFuture<S>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        if let Some(key) = self.limiter.fixed_key.clone() {
-            ready!(self.poll_slot(&key, cx));
+        if let Some(key) = &self.limiter.fixed_key {
+            ready!(self.slot.poll_ready(&self.limiter, key, cx));
             if matches!(self.slot, Slot::Refused { .. }) {
                 // `call` answers with the refusal.
                 return Poll::Ready(Ok(()));
@@ -399,16 +412,23 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, call: ModelCall) -> future::ResponseFuture {
-        let key = self.limiter.key_of(&call);
-        let (held, waited) = match std::mem::replace(&mut self.slot, Slot::Empty) {
-            Slot::Refused { retry_after } => {
-                return future::ResponseFuture::refused(RateLimited::new(key, retry_after))
-            }
-            Slot::Reserved { ticket, waited } => (Some(ticket), waited),
-            // Not made ready by `poll_ready` (or a key-per-request layer):
-            // everything is reserved here.
-            Slot::Waiting { .. } | Slot::Empty => (None, Duration::ZERO),
+    fn call(&mut self, call: ModelCall) -> future::ResponseFuture<S> {
+        let (held, waited) = match &self.slot {
+            // A key per request: nothing was held in `poll_ready`.
+            Slot::Empty => (None, Duration::ZERO),
+            _ => match std::mem::replace(&mut self.slot, Slot::Empty) {
+                Slot::Refused { key, retry_after } => {
+                    let refused = RateLimited::new(key.key(), retry_after);
+                    return future::ResponseFuture::refused(refused);
+                }
+                Slot::Reserved { ticket, waited } => (Some(ticket), waited),
+                // Not made ready by `poll_ready`: everything is reserved here.
+                Slot::Waiting { .. } | Slot::Empty => (None, Duration::ZERO),
+            },
+        };
+        let key = match &held {
+            Some(ticket) => ticket.shared().clone(),
+            None => self.limiter.key_of(&call),
         };
         let tokens = self.limiter.estimate(&call.request);
         let mut max_wait = self.limiter.max_wait.saturating_sub(waited);
@@ -416,59 +436,44 @@ where
             max_wait = max_wait.min(left);
         }
         let requests = u64::from(held.is_none());
-        let arrival = match self.limiter.arrive(&key, requests, tokens, max_wait) {
-            Ok(arrival) => arrival,
+        match key.arrive(requests, tokens, max_wait) {
             // A slot held from `poll_ready` is given back as `held` drops.
             Err(retry_after) => {
-                return future::ResponseFuture::refused(RateLimited::new(key, retry_after))
+                future::ResponseFuture::refused(RateLimited::new(key.key(), retry_after))
             }
-        };
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        future::ResponseFuture::new(Box::pin(limited(inner, call, key, arrival, held, waited)))
+            // Ample capacity and nothing to report: call the service made
+            // ready right away.
+            Ok(Arrival::Admitted(ticket)) if waited.is_zero() => {
+                let ticket = match held {
+                    None => ticket,
+                    held => merged(held, ticket),
+                };
+                future::ResponseFuture::called(self.inner.call(call), ticket)
+            }
+            Ok(arrival) => {
+                let (waiter, held) = match arrival {
+                    Arrival::Admitted(ticket) => (None, Some(merged(held, ticket))),
+                    Arrival::Queued(waiter) => (Some(waiter), held),
+                };
+                // The response future calls later: it takes the ready
+                // service, and leaves a clone to be made ready.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                future::ResponseFuture::waiting(inner, call, waiter, held, waited)
+            }
+        }
     }
 }
 
-/// Waits to be admitted, calls, settles.
-async fn limited<S>(
-    mut inner: S,
-    call: ModelCall,
-    key: String,
-    arrival: Arrival,
-    held: Option<Ticket>,
-    waited: Duration,
-) -> Result<ModelResponse, BoxError>
-where
-    S: Service<ModelCall, Response = ModelResponse>,
-    S::Error: Into<BoxError>,
-{
-    let mut waited = waited;
-    let mut ticket = match arrival {
-        Arrival::Admitted(ticket) => ticket,
-        Arrival::Queued(mut waiter) => {
-            let since = Instant::now();
-            tracing::debug!(key = %key, "rate limit: waiting for capacity");
-            let ticket = std::future::poll_fn(|cx| waiter.poll_admitted(cx)).await;
-            waited += since.elapsed();
-            ticket
+/// A slot held from `poll_ready` takes over what `ticket` holds.
+fn merged(held: Option<Ticket>, ticket: Ticket) -> Ticket {
+    match held {
+        Some(mut held) => {
+            held.merge(ticket);
+            held
         }
-    };
-    if let Some(mut held) = held {
-        held.merge(ticket);
-        ticket = held;
+        None => ticket,
     }
-    if !waited.is_zero() {
-        let ctx = &call.context;
-        ctx.emit(|| AgentEvent::RateLimitWait {
-            run_id: ctx.run_id().clone(),
-            key: ticket.key().to_owned(),
-            waited,
-        });
-    }
-    ticket.sent();
-    let response = inner.call(call).await.map_err(Into::into)?;
-    ticket.settle(response.usage.total_tokens());
-    Ok(response)
 }
 
 pub mod future {
@@ -477,57 +482,201 @@ pub mod future {
     use std::fmt;
     use std::future::Future;
     use std::pin::Pin;
-    use std::task::{Context, Poll};
+    use std::task::{ready, Context, Poll};
+    use std::time::Duration;
 
-    use futures::future::BoxFuture;
+    use pin_project_lite::pin_project;
+    use tokio::time::Instant;
+    use tower::Service;
 
+    use super::limiter::{Ticket, Waiter};
     use crate::error::{BoxError, RateLimited};
+    use crate::event::AgentEvent;
+    use crate::request::ModelCall;
     use crate::types::ModelResponse;
 
-    /// The future of [`ModelRateLimit`](super::ModelRateLimit): a refusal,
-    /// or the wait for capacity followed by the inner call.
-    pub struct ResponseFuture {
-        kind: Kind,
-    }
-
-    enum Kind {
-        Refused(Option<RateLimited>),
-        Limited(BoxFuture<'static, Result<ModelResponse, BoxError>>),
-    }
-
-    impl ResponseFuture {
-        pub(super) fn new(fut: BoxFuture<'static, Result<ModelResponse, BoxError>>) -> Self {
-            Self {
-                kind: Kind::Limited(fut),
-            }
+    pin_project! {
+        /// The future of [`ModelRateLimit`](super::ModelRateLimit): a
+        /// refusal, the inner call, or the wait for capacity followed by
+        /// the inner call.
+        ///
+        /// With ample capacity the inner service is called from `call`,
+        /// and this future only drives the inner one and settles the
+        /// tokens. A call that waits owns the ready inner service until it
+        /// is admitted.
+        pub struct ResponseFuture<S>
+        where
+            S: Service<ModelCall>,
+        {
+            #[pin]
+            state: State<S, S::Future>,
         }
+    }
 
+    pin_project! {
+        #[project = StateProj]
+        enum State<S, F> {
+            Refused {
+                error: Option<RateLimited>,
+            },
+            // Boxed: only a call that waits (or reports a wait) comes here,
+            // and the future of every other call stays small.
+            Waiting {
+                waiting: Box<Waiting<S>>,
+            },
+            Called {
+                #[pin]
+                fut: F,
+                // Marked sent as the inner service was called; settled when
+                // it answers.
+                ticket: Option<Ticket>,
+            },
+        }
+    }
+
+    /// A call that is not admitted yet, or must report its wait.
+    struct Waiting<S> {
+        /// `None` once admitted (or when admitted in `call`).
+        waiter: Option<Waiter>,
+        /// The first poll's time, when it waits.
+        since: Option<Instant>,
+        /// A slot held from `poll_ready`, then the whole admission.
+        ticket: Option<Ticket>,
+        waited: Duration,
+        call: Option<ModelCall>,
+        inner: S,
+    }
+
+    impl<S> ResponseFuture<S>
+    where
+        S: Service<ModelCall>,
+    {
         pub(super) fn refused(err: RateLimited) -> Self {
             Self {
-                kind: Kind::Refused(Some(err)),
+                state: State::Refused { error: Some(err) },
+            }
+        }
+
+        pub(super) fn called(fut: S::Future, mut ticket: Ticket) -> Self {
+            ticket.sent();
+            Self {
+                state: State::Called {
+                    fut,
+                    ticket: Some(ticket),
+                },
+            }
+        }
+
+        pub(super) fn waiting(
+            inner: S,
+            call: ModelCall,
+            waiter: Option<Waiter>,
+            ticket: Option<Ticket>,
+            waited: Duration,
+        ) -> Self {
+            Self {
+                state: State::Waiting {
+                    waiting: Box::new(Waiting {
+                        waiter,
+                        since: None,
+                        ticket,
+                        waited,
+                        call: Some(call),
+                        inner,
+                    }),
+                },
             }
         }
     }
 
-    impl Future for ResponseFuture {
+    impl<S> Future for ResponseFuture<S>
+    where
+        S: Service<ModelCall, Response = ModelResponse>,
+        S::Error: Into<BoxError>,
+    {
         type Output = Result<ModelResponse, BoxError>;
 
-        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-            match &mut self.kind {
-                Kind::Refused(err) => match err.take() {
-                    Some(err) => Poll::Ready(Err(err.into())),
-                    None => panic!("ResponseFuture polled after completion"),
-                },
-                Kind::Limited(fut) => fut.as_mut().poll(cx),
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let mut state = self.project().state;
+            loop {
+                let fut = match state.as_mut().project() {
+                    StateProj::Refused { error } => {
+                        let err = error
+                            .take()
+                            .expect("ResponseFuture polled after completion");
+                        return Poll::Ready(Err(err.into()));
+                    }
+                    StateProj::Waiting { waiting } => {
+                        let Waiting {
+                            waiter,
+                            since,
+                            ticket,
+                            waited,
+                            call,
+                            inner,
+                        } = &mut **waiting;
+                        if let Some(queued) = waiter {
+                            let since = *since.get_or_insert_with(|| {
+                                tracing::debug!(
+                                    key = %queued.key(),
+                                    "rate limit: waiting for capacity"
+                                );
+                                Instant::now()
+                            });
+                            let admitted = ready!(queued.poll_admitted(cx));
+                            *waited += since.elapsed();
+                            *waiter = None;
+                            *ticket = Some(super::merged(ticket.take(), admitted));
+                        }
+                        let mut ticket = ticket.take().expect("admitted before the call");
+                        let call = call.take().expect("called once");
+                        if !waited.is_zero() {
+                            let ctx = &call.context;
+                            ctx.emit(|| AgentEvent::RateLimitWait {
+                                run_id: ctx.run_id().clone(),
+                                key: ticket.key().to_owned(),
+                                waited: *waited,
+                            });
+                        }
+                        let fut = inner.call(call);
+                        ticket.sent();
+                        State::Called {
+                            fut,
+                            ticket: Some(ticket),
+                        }
+                    }
+                    StateProj::Called { fut, ticket } => {
+                        let output = fut.poll(cx);
+                        // A failed call keeps its reservation.
+                        if let (Poll::Ready(Ok(response)), Some(ticket)) = (&output, ticket) {
+                            ticket.settle(response.usage.total_tokens());
+                        }
+                        return output.map_err(Into::into);
+                    }
+                };
+                state.set(fut);
             }
         }
     }
 
-    impl fmt::Debug for ResponseFuture {
+    impl<S> fmt::Debug for ResponseFuture<S>
+    where
+        S: Service<ModelCall>,
+    {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            match &self.kind {
-                Kind::Refused(err) => f.debug_tuple("ResponseFuture::Refused").field(err).finish(),
-                Kind::Limited(_) => f.write_str("ResponseFuture::Limited"),
+            match &self.state {
+                State::Refused { error } => f
+                    .debug_tuple("ResponseFuture::Refused")
+                    .field(error)
+                    .finish(),
+                State::Waiting { waiting } => f
+                    .debug_struct("ResponseFuture::Waiting")
+                    .field("waiter", &waiting.waiter)
+                    .finish_non_exhaustive(),
+                State::Called { ticket, .. } => f
+                    .debug_struct("ResponseFuture::Called")
+                    .field("ticket", ticket)
+                    .finish_non_exhaustive(),
             }
         }
     }
