@@ -42,20 +42,25 @@ fn main() -> Result<(), AgentError> {
         .build()?;
 
     let started = Instant::now();
+    // Spawned from a worker, as a server's handler would: the runs go to
+    // the worker's own queue rather than the runtime's shared one.
     let completed = runtime.block_on(async move {
-        let tasks: Vec<_> = (0..runs)
-            .map(|i| {
+        tokio::spawn(async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..runs {
                 let agent = agent.clone();
-                tokio::spawn(async move { agent.run(format!("question {i}")).await })
-            })
-            .collect();
-        let mut completed = 0usize;
-        for task in tasks {
-            if task.await.expect("a run task").is_ok() {
-                completed += 1;
+                tasks.spawn(async move { agent.run(format!("question {i}")).await });
             }
-        }
-        completed
+            let mut completed = 0usize;
+            while let Some(joined) = tasks.join_next().await {
+                if joined.expect("a run task").is_ok() {
+                    completed += 1;
+                }
+            }
+            completed
+        })
+        .await
+        .expect("the driver task")
     });
     let wall = started.elapsed();
     let peak = status_kib("VmHWM:").unwrap_or(0);
