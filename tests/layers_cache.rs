@@ -534,3 +534,87 @@ fn a_poll_ready_of_the_inner_service_is_forwarded() {
     assert!(service.is_woken());
     assert!(matches!(service.poll_ready(), Poll::Ready(Ok(()))));
 }
+
+/// A store that reads at once and writes only from a future, through the
+/// in-memory store.
+struct ReadsNow(MemoryStore);
+
+impl CacheStore for ReadsNow {
+    fn get(&self, key: CacheKey) -> BoxFuture<'_, Result<Option<ModelResponse>, BoxError>> {
+        self.0.get(key)
+    }
+
+    fn put(
+        &self,
+        key: CacheKey,
+        response: ModelResponse,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<(), BoxError>> {
+        self.0.put(key, response, ttl)
+    }
+
+    fn get_now(&self, key: CacheKey) -> Option<Result<Option<ModelResponse>, BoxError>> {
+        self.0.get_now(key)
+    }
+}
+
+#[tokio::test]
+async fn a_store_that_writes_from_a_future_still_caches_the_miss() {
+    let (model, calls) = counting_model();
+    let store = MemoryStore::default();
+    let mut cache = CacheLayer::with_store(ReadsNow(store.clone())).layer(model);
+    assert_eq!(
+        ask(&mut cache, request("hi")).await.message.text(),
+        "answer 1"
+    );
+    assert_eq!(store.entry_count(), 1, "stored before the answer came back");
+    assert_eq!(
+        ask(&mut cache, request("hi")).await.message.text(),
+        "answer 1"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A store that answers at once, and always with an error.
+struct DownNow;
+
+impl CacheStore for DownNow {
+    fn get(&self, _key: CacheKey) -> BoxFuture<'_, Result<Option<ModelResponse>, BoxError>> {
+        Box::pin(async { Err("connection refused".into()) })
+    }
+
+    fn put(
+        &self,
+        _key: CacheKey,
+        _response: ModelResponse,
+        _ttl: Duration,
+    ) -> BoxFuture<'_, Result<(), BoxError>> {
+        Box::pin(async { Err("connection refused".into()) })
+    }
+
+    fn get_now(&self, _key: CacheKey) -> Option<Result<Option<ModelResponse>, BoxError>> {
+        Some(Err("connection refused".into()))
+    }
+
+    fn put_now(
+        &self,
+        _key: CacheKey,
+        _response: &ModelResponse,
+        _ttl: Duration,
+    ) -> Option<Result<(), BoxError>> {
+        Some(Err("connection refused".into()))
+    }
+}
+
+#[tokio::test]
+async fn a_failing_store_that_answers_at_once_fails_open() {
+    let (model, calls) = counting_model();
+    let mut cache = CacheLayer::with_store(DownNow).layer(model);
+    for expected in ["answer 1", "answer 2"] {
+        assert_eq!(
+            ask(&mut cache, request("hi")).await.message.text(),
+            expected
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

@@ -94,6 +94,7 @@ use std::time::Duration;
 
 use tower::{Layer, Service};
 
+use crate::error::BoxError;
 use crate::event::AgentEvent;
 use crate::request::ModelCall;
 use crate::types::{ModelDelta, ModelRequest, ModelResponse, Usage};
@@ -257,6 +258,18 @@ where
             return future::ResponseFuture::direct(self.inner.call(call));
         }
         let key = self.shared.keyer.key(&call.request);
+        if let Some(found) = self.shared.store.get_now(key) {
+            // A store that answers at once: no boxed lookup.
+            match found {
+                Ok(Some(response)) => return future::ResponseFuture::hit(hit(response, &call)),
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(%key, error = %err, "cache store get failed; treated as a miss");
+                }
+            }
+            let shared = self.shared.clone();
+            return future::ResponseFuture::miss(self.inner.call(call), key, shared);
+        }
         // The ready service goes into the future; a clone stays here.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
@@ -280,10 +293,24 @@ where
         Err(err) => tracing::warn!(%key, error = %err, "cache store get failed; treated as a miss"),
     }
     let response = inner.call(call).await?;
-    if let Err(err) = shared.store.put(key, response.clone(), shared.ttl).await {
+    store(&shared, key, &response).await;
+    Ok(response)
+}
+
+/// Stores the answer of a miss; a failure is logged, not returned.
+async fn store(shared: &Shared, key: CacheKey, response: &ModelResponse) {
+    let stored = match shared.store.put_now(key, response, shared.ttl) {
+        Some(stored) => stored,
+        None => shared.store.put(key, response.clone(), shared.ttl).await,
+    };
+    log_put(key, stored);
+}
+
+/// The cache is fail-open: a failed put is logged, and the answer returned.
+fn log_put(key: CacheKey, stored: Result<(), BoxError>) {
+    if let Err(err) = stored {
         tracing::warn!(%key, error = %err, "cache store put failed; response not cached");
     }
-    Ok(response)
 }
 
 /// Turns a stored response into the answer of `call`.
@@ -318,16 +345,20 @@ pub mod future {
     use std::fmt;
     use std::future::Future;
     use std::pin::Pin;
-    use std::task::{Context, Poll};
+    use std::sync::Arc;
+    use std::task::{ready, Context, Poll};
 
     use futures::future::BoxFuture;
     use pin_project_lite::pin_project;
 
+    use super::{CacheKey, Shared};
     use crate::types::ModelResponse;
 
     pin_project! {
         /// The future of [`Cache`](super::Cache): the inner call of a request
-        /// that is not cached, or a lookup followed by the inner call on a
+        /// that is not cached; with a store that answers at once, a hit, or
+        /// the inner call of a miss followed by storing its answer; with a
+        /// store that waits, a boxed lookup followed by the inner call on a
         /// miss.
         pub struct ResponseFuture<F, E> {
             #[pin]
@@ -339,6 +370,17 @@ pub mod future {
         #[project = KindProj]
         enum Kind<F, E> {
             Direct { #[pin] fut: F },
+            Hit { response: Option<ModelResponse> },
+            Miss {
+                #[pin]
+                fut: F,
+                key: CacheKey,
+                shared: Arc<Shared>,
+            },
+            Storing {
+                store: BoxFuture<'static, ()>,
+                response: Option<ModelResponse>,
+            },
             Lookup { fut: BoxFuture<'static, Result<ModelResponse, E>> },
         }
     }
@@ -347,6 +389,20 @@ pub mod future {
         pub(super) fn direct(fut: F) -> Self {
             Self {
                 kind: Kind::Direct { fut },
+            }
+        }
+
+        pub(super) fn hit(response: ModelResponse) -> Self {
+            Self {
+                kind: Kind::Hit {
+                    response: Some(response),
+                },
+            }
+        }
+
+        pub(super) fn miss(fut: F, key: CacheKey, shared: Arc<Shared>) -> Self {
+            Self {
+                kind: Kind::Miss { fut, key, shared },
             }
         }
 
@@ -364,9 +420,40 @@ pub mod future {
         type Output = Result<ModelResponse, E>;
 
         fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-            match self.project().kind.project() {
-                KindProj::Direct { fut } => fut.poll(cx),
-                KindProj::Lookup { fut } => fut.as_mut().poll(cx),
+            let mut kind = self.project().kind;
+            loop {
+                match kind.as_mut().project() {
+                    KindProj::Direct { fut } => return fut.poll(cx),
+                    KindProj::Hit { response } => {
+                        return Poll::Ready(Ok(response
+                            .take()
+                            .expect("ResponseFuture polled after completion")))
+                    }
+                    KindProj::Miss { fut, key, shared } => {
+                        let response = ready!(fut.poll(cx))?;
+                        let Some(stored) = shared.store.put_now(*key, &response, shared.ttl) else {
+                            // The store waits: store from a boxed future.
+                            let (shared, key, copy) = (shared.clone(), *key, response.clone());
+                            let store = Box::pin(async move {
+                                super::store(&shared, key, &copy).await;
+                            });
+                            kind.set(Kind::Storing {
+                                store,
+                                response: Some(response),
+                            });
+                            continue;
+                        };
+                        super::log_put(*key, stored);
+                        return Poll::Ready(Ok(response));
+                    }
+                    KindProj::Storing { store, response } => {
+                        ready!(store.as_mut().poll(cx));
+                        return Poll::Ready(Ok(response
+                            .take()
+                            .expect("ResponseFuture polled after completion")));
+                    }
+                    KindProj::Lookup { fut } => return fut.as_mut().poll(cx),
+                }
             }
         }
     }
@@ -375,6 +462,9 @@ pub mod future {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             let kind = match &self.kind {
                 Kind::Direct { .. } => "Direct",
+                Kind::Hit { .. } => "Hit",
+                Kind::Miss { .. } => "Miss",
+                Kind::Storing { .. } => "Storing",
                 Kind::Lookup { .. } => "Lookup",
             };
             f.debug_struct("ResponseFuture")

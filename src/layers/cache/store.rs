@@ -59,6 +59,27 @@ pub trait CacheStore: Send + Sync + 'static {
         response: ModelResponse,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<(), BoxError>>;
+
+    /// What [`get`](Self::get) would answer, when the store can answer at
+    /// once without waiting (an in-memory store); `None` (the default) when
+    /// it must wait. The cache layer then asks and calls the model without
+    /// a boxed future.
+    fn get_now(&self, key: CacheKey) -> Option<Result<Option<ModelResponse>, BoxError>> {
+        let _ = key;
+        None
+    }
+
+    /// Stores a copy of `response` at once, as [`put`](Self::put) would,
+    /// when the store can; `None` (the default) when it must wait.
+    fn put_now(
+        &self,
+        key: CacheKey,
+        response: &ModelResponse,
+        ttl: Duration,
+    ) -> Option<Result<(), BoxError>> {
+        let _ = (key, response, ttl);
+        None
+    }
 }
 
 impl<T: CacheStore + ?Sized> CacheStore for Arc<T> {
@@ -73,6 +94,19 @@ impl<T: CacheStore + ?Sized> CacheStore for Arc<T> {
         ttl: Duration,
     ) -> BoxFuture<'_, Result<(), BoxError>> {
         (**self).put(key, response, ttl)
+    }
+
+    fn get_now(&self, key: CacheKey) -> Option<Result<Option<ModelResponse>, BoxError>> {
+        (**self).get_now(key)
+    }
+
+    fn put_now(
+        &self,
+        key: CacheKey,
+        response: &ModelResponse,
+        ttl: Duration,
+    ) -> Option<Result<(), BoxError>> {
+        (**self).put_now(key, response, ttl)
     }
 }
 
@@ -159,18 +193,32 @@ impl fmt::Debug for MemoryStore {
     }
 }
 
+impl MemoryStore {
+    fn lookup(&self, key: CacheKey) -> Option<ModelResponse> {
+        let entry = self.entries.get(&key)?;
+        if entry.expires_at <= Instant::now() {
+            self.entries.remove(&key);
+            return None;
+        }
+        Some(entry.response.clone())
+    }
+
+    fn store(&self, key: CacheKey, response: ModelResponse, ttl: Duration) {
+        if ttl.is_zero() {
+            return;
+        }
+        let expires_at = Instant::now() + ttl.min(MAX_TTL);
+        let entry = Entry {
+            response,
+            expires_at,
+        };
+        self.entries.insert(key, Arc::new(entry));
+    }
+}
+
 impl CacheStore for MemoryStore {
     fn get(&self, key: CacheKey) -> BoxFuture<'_, Result<Option<ModelResponse>, BoxError>> {
-        Box::pin(async move {
-            let Some(entry) = self.entries.get(&key) else {
-                return Ok(None);
-            };
-            if entry.expires_at <= Instant::now() {
-                self.entries.remove(&key);
-                return Ok(None);
-            }
-            Ok(Some(entry.response.clone()))
-        })
+        Box::pin(async move { Ok(self.lookup(key)) })
     }
 
     fn put(
@@ -180,17 +228,22 @@ impl CacheStore for MemoryStore {
         ttl: Duration,
     ) -> BoxFuture<'_, Result<(), BoxError>> {
         Box::pin(async move {
-            if ttl.is_zero() {
-                return Ok(());
-            }
-            let ttl = ttl.min(MAX_TTL);
-            let expires_at = Instant::now() + ttl;
-            let entry = Entry {
-                response,
-                expires_at,
-            };
-            self.entries.insert(key, Arc::new(entry));
+            self.store(key, response, ttl);
             Ok(())
         })
+    }
+
+    fn get_now(&self, key: CacheKey) -> Option<Result<Option<ModelResponse>, BoxError>> {
+        Some(Ok(self.lookup(key)))
+    }
+
+    fn put_now(
+        &self,
+        key: CacheKey,
+        response: &ModelResponse,
+        ttl: Duration,
+    ) -> Option<Result<(), BoxError>> {
+        self.store(key, response.clone(), ttl);
+        Some(Ok(()))
     }
 }
