@@ -435,7 +435,7 @@ pub mod future {
                             // The store waits: store from a boxed future.
                             let (shared, key, copy) = (shared.clone(), *key, response.clone());
                             let store = Box::pin(async move {
-                                super::store(&shared, key, &copy).await;
+                                super::log_put(key, shared.store.put(key, copy, shared.ttl).await);
                             });
                             kind.set(Kind::Storing {
                                 store,
