@@ -293,8 +293,10 @@ async fn the_memory_store_is_bounded() {
     assert_eq!(store.entry_count(), 0);
 }
 
-/// A store whose backend is down.
-struct Down;
+/// A store whose backend is down; `at_once` answers without a future.
+struct Down {
+    at_once: bool,
+}
 
 impl CacheStore for Down {
     fn get(&self, _key: CacheKey) -> BoxFuture<'_, Result<Option<ModelResponse>, BoxError>> {
@@ -309,21 +311,34 @@ impl CacheStore for Down {
     ) -> BoxFuture<'_, Result<(), BoxError>> {
         Box::pin(async { Err("connection refused".into()) })
     }
+
+    fn get_now(&self, _key: CacheKey) -> Option<Result<Option<ModelResponse>, BoxError>> {
+        self.at_once.then(|| Err("connection refused".into()))
+    }
+
+    fn put_now(
+        &self,
+        _key: CacheKey,
+        _response: &ModelResponse,
+        _ttl: Duration,
+    ) -> Option<Result<(), BoxError>> {
+        self.at_once.then(|| Err("connection refused".into()))
+    }
 }
 
 #[tokio::test]
 async fn a_failing_store_fails_open() {
-    let (model, calls) = counting_model();
-    let mut cache = CacheLayer::with_store(Down).layer(model);
-    assert_eq!(
-        ask(&mut cache, request("hi")).await.message.text(),
-        "answer 1"
-    );
-    assert_eq!(
-        ask(&mut cache, request("hi")).await.message.text(),
-        "answer 2"
-    );
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    for at_once in [false, true] {
+        let (model, calls) = counting_model();
+        let mut cache = CacheLayer::with_store(Down { at_once }).layer(model);
+        for expected in ["answer 1", "answer 2"] {
+            assert_eq!(
+                ask(&mut cache, request("hi")).await.message.text(),
+                expected
+            );
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "at once: {at_once}");
+    }
 }
 
 #[derive(serde::Deserialize, schemars::JsonSchema)]
@@ -573,48 +588,4 @@ async fn a_store_that_writes_from_a_future_still_caches_the_miss() {
         "answer 1"
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-}
-
-/// A store that answers at once, and always with an error.
-struct DownNow;
-
-impl CacheStore for DownNow {
-    fn get(&self, _key: CacheKey) -> BoxFuture<'_, Result<Option<ModelResponse>, BoxError>> {
-        Box::pin(async { Err("connection refused".into()) })
-    }
-
-    fn put(
-        &self,
-        _key: CacheKey,
-        _response: ModelResponse,
-        _ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), BoxError>> {
-        Box::pin(async { Err("connection refused".into()) })
-    }
-
-    fn get_now(&self, _key: CacheKey) -> Option<Result<Option<ModelResponse>, BoxError>> {
-        Some(Err("connection refused".into()))
-    }
-
-    fn put_now(
-        &self,
-        _key: CacheKey,
-        _response: &ModelResponse,
-        _ttl: Duration,
-    ) -> Option<Result<(), BoxError>> {
-        Some(Err("connection refused".into()))
-    }
-}
-
-#[tokio::test]
-async fn a_failing_store_that_answers_at_once_fails_open() {
-    let (model, calls) = counting_model();
-    let mut cache = CacheLayer::with_store(DownNow).layer(model);
-    for expected in ["answer 1", "answer 2"] {
-        assert_eq!(
-            ask(&mut cache, request("hi")).await.message.text(),
-            expected
-        );
-    }
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

@@ -14,7 +14,7 @@ use tower_test::mock;
 use super::limiter::Limiter;
 use super::{ModelRateLimitLayer, RateLimited};
 use crate::types::{Message, ModelRequest, ModelResponse, Usage};
-use crate::{ModelCall, RunContext, ScriptedModel, ScriptedTurn};
+use crate::{BoxError, ModelCall, RunContext, ScriptedModel, ScriptedTurn};
 
 fn call(model: &str) -> ModelCall {
     ModelCall::new(
@@ -32,6 +32,18 @@ fn one_a_minute() -> ModelRateLimitLayer {
         .unwrap()
 }
 
+/// The next call is refused for the rest of the minute.
+async fn the_minute_is_spent(
+    service: &mut mock::Spawn<impl Service<ModelCall, Response = ModelResponse, Error = BoxError>>,
+) {
+    assert!(service.poll_ready().is_ready());
+    let err = service.call(call("m")).await.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<RateLimited>().unwrap().retry_after(),
+        Duration::from_secs(60)
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_future_dropped_unpolled_keeps_its_reservation_once_the_inner_service_was_called() {
     // A tower service may send the request from `call`, before any poll.
@@ -43,12 +55,7 @@ async fn a_future_dropped_unpolled_keeps_its_reservation_once_the_inner_service_
     let (_, _reply) = handle.next_request().await.unwrap();
     drop(unpolled);
 
-    assert!(service.poll_ready().is_ready());
-    let err = service.call(call("m")).await.unwrap_err();
-    assert_eq!(
-        err.downcast_ref::<RateLimited>().unwrap().retry_after(),
-        Duration::from_secs(60)
-    );
+    the_minute_is_spent(&mut service).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -62,12 +69,7 @@ async fn a_future_dropped_once_its_call_went_out_keeps_its_reservation() {
     let (_, _reply) = handle.next_request().await.unwrap();
     drop(sent);
 
-    assert!(service.poll_ready().is_ready());
-    let err = service.call(call("m")).await.unwrap_err();
-    assert_eq!(
-        err.downcast_ref::<RateLimited>().unwrap().retry_after(),
-        Duration::from_secs(60)
-    );
+    the_minute_is_spent(&mut service).await;
 }
 
 #[tokio::test(start_paused = true)]
