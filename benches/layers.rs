@@ -137,11 +137,9 @@ fn layers(c: &mut Criterion) {
         "fallback",
         FallbackLayer::models(["backup"]).layer(model.clone())
     );
-    let limit = ModelRateLimitLayer::builder()
+    let limit = ModelRateLimitLayer::new()
         .requests(u64::MAX / 4, Duration::from_secs(1))
-        .tokens(u64::MAX / 4, Duration::from_secs(1))
-        .build()
-        .unwrap();
+        .tokens(u64::MAX / 4, Duration::from_secs(1));
     bench!("rate_limit_ample", limit.layer(model.clone()));
 
     // A miss needs a request the cache has not seen: a fresh history per
@@ -174,11 +172,9 @@ fn layers(c: &mut Criterion) {
         )
     });
 
-    let limit = ModelRateLimitLayer::builder()
+    let limit = ModelRateLimitLayer::new()
         .requests(u64::MAX / 4, Duration::from_secs(1))
-        .tokens(u64::MAX / 4, Duration::from_secs(1))
-        .build()
-        .unwrap();
+        .tokens(u64::MAX / 4, Duration::from_secs(1));
     bench!(
         "full_default_stack",
         ServiceBuilder::new()

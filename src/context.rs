@@ -73,6 +73,8 @@ struct Inner {
     iteration: AtomicU32,
     cancel: CancellationToken,
     deadline: Option<Instant>,
+    /// When the root run's context was made: what a deadline is measured from.
+    started: Instant,
     state: Mutex<http::Extensions>,
     ledger: Mutex<Ledger>,
     events: Arc<dyn EventSink>,
@@ -126,6 +128,7 @@ impl RunContext {
                 iteration: AtomicU32::new(0),
                 cancel: self.inner.cancel.child_token(),
                 deadline: self.inner.deadline,
+                started: self.inner.started,
                 state: Mutex::default(),
                 ledger: Mutex::default(),
                 events: self.inner.events.clone(),
@@ -221,6 +224,11 @@ impl RunContext {
     /// When the run must be done, if a deadline was set.
     pub fn deadline(&self) -> Option<Instant> {
         self.inner.deadline
+    }
+
+    /// How long since the root run's context was made.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.inner.started.elapsed()
     }
 
     /// The time left to the deadline (zero once passed), if one was set.
@@ -519,6 +527,7 @@ impl RunContextBuilder {
                 iteration: AtomicU32::new(0),
                 cancel: self.cancel.unwrap_or_default(),
                 deadline: self.deadline,
+                started: Instant::now(),
                 state: Mutex::new(self.state),
                 ledger: Mutex::default(),
                 events: self.events.unwrap_or_else(|| Arc::new(NoopSink)),

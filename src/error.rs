@@ -8,7 +8,8 @@
 //! | an [`AgentError`] | itself |
 //! | a [`ProviderError`] | [`AgentError::Provider`], its [`ErrorKind`] kept |
 //! | a [`RateLimited`] (a local rate limit refused) | [`ErrorKind::RateLimited`], its `retry_after` kept |
-//! | `tower::timeout::error::Elapsed` | [`ErrorKind::Timeout`] |
+//! | a [`ProviderError`] of kind [`ErrorKind::Timeout`] | [`AgentError::Timeout`] from [`TimeoutSource::Provider`] |
+//! | `tower::timeout::error::Elapsed` | [`AgentError::Timeout`] from [`TimeoutSource::Tower`] |
 //! | `tower::load_shed::error::Overloaded` | [`ErrorKind::Unavailable`] |
 //! | anything else | [`AgentError::Other`], the source kept |
 //!
@@ -26,6 +27,17 @@
 //! assert_eq!(err.kind(), ErrorKind::Timeout);
 //! assert_eq!(err.code(), "TIMEOUT");
 //! assert!(err.kind().is_retryable());
+//! ```
+//!
+//! A timeout says which deadline fired, and after how long:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_agent::error::{AgentError, TimeoutSource};
+//!
+//! let err = AgentError::Timeout { timer: TimeoutSource::CallTimeout, after: Some(Duration::from_secs(30)) };
+//! assert_eq!(err.to_string(), "the call timeout fired after 30s");
+//! assert_eq!(err.code(), "TIMEOUT");
 //! ```
 
 use std::error::Error as StdError;
@@ -147,6 +159,7 @@ pub struct ProviderError {
     message: String,
     status: Option<u16>,
     retry_after: Option<Duration>,
+    timed_out_after: Option<Duration>,
     source: Option<BoxError>,
 }
 
@@ -158,8 +171,23 @@ impl ProviderError {
             message: message.into(),
             status: None,
             retry_after: None,
+            timed_out_after: None,
             source: None,
         }
+    }
+
+    /// The provider's own timeout (its HTTP client's) fired, after `after`
+    /// when it is known. Classifies as [`AgentError::Timeout`] from
+    /// [`TimeoutSource::Provider`].
+    pub fn timed_out(message: impl Into<String>, after: Option<Duration>) -> Self {
+        let mut err = Self::new(ErrorKind::Timeout, message);
+        err.timed_out_after = after;
+        err
+    }
+
+    /// For a timeout, the time the provider allowed the call, if known.
+    pub fn timed_out_after(&self) -> Option<Duration> {
+        self.timed_out_after
     }
 
     /// The provider is unavailable.
@@ -275,6 +303,66 @@ impl fmt::Display for RateLimited {
 
 impl StdError for RateLimited {}
 
+/// Which deadline ended a call or a run: the `timer` of
+/// [`AgentError::Timeout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TimeoutSource {
+    /// The run's deadline ([`RunContext::deadline`](crate::RunContext::deadline)),
+    /// in the run loop or a layer bounded by it; `after` is how long the run
+    /// had been going.
+    RunDeadline,
+    /// The per-call timeout of a
+    /// [`CallTimeoutLayer`](crate::layers::timeout::CallTimeoutLayer) on a
+    /// model stack.
+    CallTimeout,
+    /// A tool call's timeout: a
+    /// [`CallTimeoutLayer`](crate::layers::timeout::CallTimeoutLayer) on a
+    /// tool stack, or a tool's own.
+    Tool,
+    /// The provider's own timeout (its HTTP client's).
+    Provider,
+    /// tower's own `TimeoutLayer` (`tower::timeout::error::Elapsed`, which
+    /// does not say after how long).
+    Tower,
+}
+
+impl TimeoutSource {
+    /// What fired, as the error's text says it: e.g. `the call timeout`.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            TimeoutSource::RunDeadline => "the run's deadline",
+            TimeoutSource::CallTimeout => "the call timeout",
+            TimeoutSource::Tool => "the tool call timeout",
+            TimeoutSource::Provider => "the provider's timeout",
+            TimeoutSource::Tower => "a tower timeout layer",
+        }
+    }
+}
+
+impl fmt::Display for TimeoutSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+/// The text of [`AgentError::Timeout`].
+struct TimeoutText(TimeoutSource, Option<Duration>);
+
+impl fmt::Display for TimeoutText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verb = match self.0 {
+            TimeoutSource::RunDeadline => "passed",
+            _ => "fired",
+        };
+        write!(f, "{} {verb}", self.0)?;
+        if let Some(after) = self.1 {
+            write!(f, " after {after:?}")?;
+        }
+        Ok(())
+    }
+}
+
 /// The error of a run, and of anything the run classifies.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -290,9 +378,16 @@ pub enum AgentError {
     /// The run's cancellation token fired.
     #[error("the run was cancelled")]
     Cancelled,
-    /// A call, or the run's deadline, timed out.
-    #[error("timed out")]
-    Timeout,
+    /// A call, or the run, timed out: `timer` says which deadline fired
+    /// and `after` how long it allowed (the run's: how long the run had been
+    /// going), e.g. "the call timeout fired after 30s".
+    #[error("{}", TimeoutText(*timer, *after))]
+    Timeout {
+        /// Which deadline fired.
+        timer: TimeoutSource,
+        /// After how long, when known.
+        after: Option<Duration>,
+    },
     /// The model provider failed.
     #[error(transparent)]
     Provider(ProviderError),
@@ -358,7 +453,7 @@ impl AgentError {
         match self {
             AgentError::MaxTurns { .. } => ErrorKind::MaxTurns,
             AgentError::Cancelled => ErrorKind::Cancelled,
-            AgentError::Timeout => ErrorKind::Timeout,
+            AgentError::Timeout { .. } => ErrorKind::Timeout,
             AgentError::Provider(e) => e.kind(),
             AgentError::Tripwire { .. } => ErrorKind::Tripwire,
             AgentError::StructuredOutput { .. } => ErrorKind::StructuredOutput,
@@ -384,7 +479,7 @@ impl AgentError {
             Err(err) => err,
         };
         let err = match err.downcast::<ProviderError>() {
-            Ok(provider) => return AgentError::Provider(*provider),
+            Ok(provider) => return AgentError::from(*provider),
             Err(err) => err,
         };
         if let Some(AgentError::Tripwire {
@@ -401,8 +496,19 @@ impl AgentError {
                 info: info.clone(),
             };
         }
+        if let Some(timeout) = find::<AgentError>(err.as_ref()).and_then(AgentError::timeout) {
+            return timeout;
+        }
+        if let Some(provider) = find::<ProviderError>(err.as_ref()) {
+            if provider.kind() == ErrorKind::Timeout {
+                return AgentError::provider_timeout(provider);
+            }
+        }
         match kind_of(err.as_ref()) {
-            ErrorKind::Timeout => AgentError::Timeout,
+            ErrorKind::Timeout => AgentError::Timeout {
+                timer: TimeoutSource::Tower,
+                after: None,
+            },
             ErrorKind::Cancelled => AgentError::Cancelled,
             kind @ (ErrorKind::Unavailable
             | ErrorKind::RateLimited
@@ -418,6 +524,32 @@ impl AgentError {
         }
     }
 
+    /// Which deadline fired and after how long, if this is a timeout.
+    pub fn timeout_source(&self) -> Option<(TimeoutSource, Option<Duration>)> {
+        match *self {
+            AgentError::Timeout { timer, after } => Some((timer, after)),
+            AgentError::Provider(ref p) if p.kind() == ErrorKind::Timeout => {
+                Some((TimeoutSource::Provider, p.timed_out_after()))
+            }
+            _ => None,
+        }
+    }
+
+    /// A copy of a timeout error.
+    fn timeout(&self) -> Option<AgentError> {
+        match *self {
+            AgentError::Timeout { timer, after } => Some(AgentError::Timeout { timer, after }),
+            _ => None,
+        }
+    }
+
+    fn provider_timeout(provider: &ProviderError) -> AgentError {
+        AgentError::Timeout {
+            timer: TimeoutSource::Provider,
+            after: provider.timed_out_after(),
+        }
+    }
+
     /// A tripwire error whose middleware and hook the stack fills in.
     pub(crate) fn tripwire(reason: String, info: Option<Value>) -> AgentError {
         AgentError::Tripwire {
@@ -430,7 +562,12 @@ impl AgentError {
 }
 
 impl From<ProviderError> for AgentError {
+    /// [`AgentError::Provider`]; a provider's timeout becomes
+    /// [`AgentError::Timeout`] from [`TimeoutSource::Provider`].
     fn from(err: ProviderError) -> Self {
+        if err.kind() == ErrorKind::Timeout {
+            return AgentError::provider_timeout(&err);
+        }
         AgentError::Provider(err)
     }
 }

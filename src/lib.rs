@@ -1,6 +1,9 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
+#[macro_use]
+mod macros;
+
 pub mod context;
 pub mod error;
 pub mod event;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::context::RunContext;
+use crate::error::TimeoutSource;
 use crate::types::{
     ApprovalDecision, Checkpoint, History, Message, ModelDelta, ModelRequest, ToolCall,
 };
@@ -163,6 +164,12 @@ impl ToolInvocation {
 pub trait HasContext {
     /// The run's context.
     fn context(&self) -> &RunContext;
+
+    /// What a per-call timeout of this request reports as: a call timeout
+    /// by default, a tool call's timeout for a [`ToolInvocation`].
+    fn call_timer(&self) -> TimeoutSource {
+        TimeoutSource::CallTimeout
+    }
 }
 
 impl HasContext for ModelCall {
@@ -174,6 +181,10 @@ impl HasContext for ModelCall {
 impl HasContext for ToolInvocation {
     fn context(&self) -> &RunContext {
         &self.context
+    }
+
+    fn call_timer(&self) -> TimeoutSource {
+        TimeoutSource::Tool
     }
 }
 

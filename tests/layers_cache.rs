@@ -330,7 +330,7 @@ impl CacheStore for Down {
 async fn a_failing_store_fails_open() {
     for at_once in [false, true] {
         let (model, calls) = counting_model();
-        let mut cache = CacheLayer::with_store(Down { at_once }).layer(model);
+        let mut cache = CacheLayer::new().store(Down { at_once }).layer(model);
         for expected in ["answer 1", "answer 2"] {
             assert_eq!(
                 ask(&mut cache, request("hi")).await.message.text(),
@@ -577,7 +577,7 @@ impl CacheStore for ReadsNow {
 async fn a_store_that_writes_from_a_future_still_caches_the_miss() {
     let (model, calls) = counting_model();
     let store = MemoryStore::default();
-    let mut cache = CacheLayer::with_store(ReadsNow(store.clone())).layer(model);
+    let mut cache = CacheLayer::new().store(ReadsNow(store.clone())).layer(model);
     assert_eq!(
         ask(&mut cache, request("hi")).await.message.text(),
         "answer 1"

@@ -65,10 +65,8 @@ where
 
 #[tokio::test(start_paused = true)]
 async fn calls_over_the_request_limit_wait_for_their_turn() {
-    let layer = ModelRateLimitLayer::builder()
-        .requests(2, Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let layer = ModelRateLimitLayer::new()
+        .requests(2, Duration::from_secs(10));
     let (mut service, mut handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(layer);
     let start = Instant::now();
 
@@ -111,11 +109,9 @@ async fn calls_over_the_request_limit_wait_for_their_turn() {
 #[tokio::test(start_paused = true)]
 async fn waiting_is_first_come_first_served() {
     // 100 tokens per 10 s: a token every 100 ms.
-    let layer = ModelRateLimitLayer::builder()
+    let layer = ModelRateLimitLayer::new()
         .tokens(100, Duration::from_secs(10))
-        .estimate(|r| u64::from(r.settings.max_tokens.unwrap_or(0)))
-        .build()
-        .unwrap();
+        .estimate(|r| u64::from(r.settings.max_tokens.unwrap_or(0)));
     let (mut service, mut handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(layer);
 
     // `big-2` must wait a whole interval for its tokens. The small calls
@@ -153,11 +149,9 @@ async fn waiting_is_first_come_first_served() {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_that_would_wait_longer_than_max_wait_fails_at_once() {
-    let layer = ModelRateLimitLayer::builder()
+    let layer = ModelRateLimitLayer::new()
         .requests(1, MINUTE)
-        .max_wait(Duration::from_secs(10))
-        .build()
-        .unwrap();
+        .max_wait(Duration::from_secs(10));
     let (mut service, mut handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(layer);
 
     assert!(service.poll_ready().is_ready());
@@ -192,10 +186,8 @@ async fn a_call_that_would_wait_longer_than_max_wait_fails_at_once() {
     let ctx = RunContext::builder()
         .timeout(Duration::from_secs(5))
         .build();
-    let layer = ModelRateLimitLayer::builder()
-        .requests(1, MINUTE)
-        .build()
-        .unwrap();
+    let layer = ModelRateLimitLayer::new()
+        .requests(1, MINUTE);
     let mut service = layer.layer(ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")));
     call(&mut service, request("m", "a"), ctx.clone())
         .await
@@ -210,12 +202,10 @@ async fn a_call_that_would_wait_longer_than_max_wait_fails_at_once() {
 async fn tokens_are_reserved_from_the_estimate_and_settled_with_the_usage() {
     // 1,000 tokens a minute (60 ms a token); every call is estimated at 800.
     let limits = || {
-        ModelRateLimitLayer::builder()
+        ModelRateLimitLayer::new()
             .tokens(1_000, MINUTE)
             .estimate(|_| 800)
             .max_wait(MINUTE)
-            .build()
-            .unwrap()
     };
 
     // Used less than estimated: the rest comes back.
@@ -252,12 +242,10 @@ async fn tokens_are_reserved_from_the_estimate_and_settled_with_the_usage() {
 
 #[tokio::test(start_paused = true)]
 async fn a_refund_lets_the_waiting_head_go_early() {
-    let layer = ModelRateLimitLayer::builder()
+    let layer = ModelRateLimitLayer::new()
         .tokens(1_000, MINUTE)
         .estimate(|_| 800)
-        .max_wait(MINUTE)
-        .build()
-        .unwrap();
+        .max_wait(MINUTE);
     let (mut service, mut handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(layer);
     let start = Instant::now();
 
@@ -284,11 +272,9 @@ async fn a_refund_lets_the_waiting_head_go_early() {
 
 #[tokio::test(start_paused = true)]
 async fn the_default_estimate_is_the_text_plus_the_output_allowance() {
-    let layer = ModelRateLimitLayer::builder()
+    let layer = ModelRateLimitLayer::new()
         .tokens(1_000, MINUTE)
-        .max_wait(Duration::ZERO)
-        .build()
-        .unwrap();
+        .max_wait(Duration::ZERO);
     let mut service = layer.layer(ScriptedModel::from_fn(|_| {
         ScriptedTurn::text("ok").usage(Usage::new(1_000, 0))
     }));
@@ -307,12 +293,10 @@ async fn the_default_estimate_is_the_text_plus_the_output_allowance() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_call_keeps_its_reservation() {
-    let layer = ModelRateLimitLayer::builder()
+    let layer = ModelRateLimitLayer::new()
         .tokens(100, Duration::from_secs(10))
         .estimate(|_| 100)
-        .max_wait(Duration::ZERO)
-        .build()
-        .unwrap();
+        .max_wait(Duration::ZERO);
     let mut service = layer.layer(ScriptedModel::new([ScriptedTurn::error(
         ErrorKind::Unavailable,
         "down",
@@ -329,10 +313,8 @@ async fn a_failed_call_keeps_its_reservation() {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_dropped_while_waiting_gives_its_reservation_back() {
-    let layer = ModelRateLimitLayer::builder()
-        .requests(1, Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let layer = ModelRateLimitLayer::new()
+        .requests(1, Duration::from_secs(10));
     let mut service = layer.layer(ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")));
     call(&mut service, request("m", "a"), RunContext::new())
         .await
@@ -355,12 +337,10 @@ async fn a_call_dropped_while_waiting_gives_its_reservation_back() {
 
 #[tokio::test(start_paused = true)]
 async fn each_key_has_its_own_quota() {
-    let layer = ModelRateLimitLayer::builder()
+    let layer = ModelRateLimitLayer::new()
         .requests(1, MINUTE)
         .limits_for("gpt-mini", Limits::new().requests(2, MINUTE))
-        .max_wait(Duration::ZERO)
-        .build()
-        .unwrap();
+        .max_wait(Duration::ZERO);
     let service = layer.layer(ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")));
     let outcome = |model: &'static str| {
         let mut service = service.clone();
@@ -378,12 +358,10 @@ async fn each_key_has_its_own_quota() {
     assert!(outcome("claude").await);
 
     // A key function groups calls its own way: here, one quota for all.
-    let layer = ModelRateLimitLayer::builder()
+    let layer = ModelRateLimitLayer::new()
         .requests(1, MINUTE)
         .key_fn(|_| "tenant-7".to_owned())
-        .max_wait(Duration::ZERO)
-        .build()
-        .unwrap();
+        .max_wait(Duration::ZERO);
     let mut service = layer.layer(ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")));
     call(&mut service, request("a", "hi"), RunContext::new())
         .await
@@ -396,11 +374,9 @@ async fn each_key_has_its_own_quota() {
 
 #[tokio::test(start_paused = true)]
 async fn a_layer_bound_to_one_key_reserves_in_poll_ready() {
-    let layer = ModelRateLimitLayer::builder()
+    let layer = ModelRateLimitLayer::new()
         .key("gpt-4o")
-        .requests(1, Duration::from_secs(10))
-        .build()
-        .unwrap();
+        .requests(1, Duration::from_secs(10));
     let (inner, mut handle) = mock::pair::<ModelCall, ModelResponse>();
     let mut first = mock::Spawn::new(layer.layer(inner));
 
@@ -448,12 +424,10 @@ async fn a_layer_bound_to_one_key_reserves_in_poll_ready() {
 
 #[tokio::test(start_paused = true)]
 async fn a_bound_layer_refuses_from_call_not_from_poll_ready() {
-    let layer = ModelRateLimitLayer::builder()
+    let layer = ModelRateLimitLayer::new()
         .key("gpt-4o")
         .requests(1, MINUTE)
-        .max_wait(Duration::ZERO)
-        .build()
-        .unwrap();
+        .max_wait(Duration::ZERO);
     let mut service = layer.layer(ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")));
     call(&mut service, request("m", "a"), RunContext::new())
         .await
@@ -477,14 +451,14 @@ async fn a_bound_layer_refuses_from_call_not_from_poll_ready() {
 
 #[test]
 fn limits_of_zero_are_a_configuration_error() {
-    let err = ModelRateLimitLayer::builder()
+    let err = ModelRateLimitLayer::new()
         .requests(0, MINUTE)
-        .build()
+        .validate()
         .unwrap_err();
     assert_eq!(err.code(), "INVALID_CONFIG");
-    let err = ModelRateLimitLayer::builder()
+    let err = ModelRateLimitLayer::new()
         .limits_for("m", Limits::new().tokens(10, Duration::ZERO))
-        .build()
+        .validate()
         .unwrap_err();
     assert!(err.to_string().contains("`m`"));
 }
@@ -500,11 +474,9 @@ fn agent(name: &str, layer: &ModelRateLimitLayer) -> Agent {
 
 #[tokio::test(start_paused = true)]
 async fn two_agents_sharing_one_layer_draw_on_one_quota() {
-    let layer = ModelRateLimitLayer::builder()
+    let layer = ModelRateLimitLayer::new()
         .requests(2, MINUTE)
-        .tokens(100_000, MINUTE)
-        .build()
-        .unwrap();
+        .tokens(100_000, MINUTE);
     let (support, billing) = (agent("support", &layer), agent("billing", &layer));
 
     let run = |agent: &Agent| {
@@ -528,11 +500,9 @@ async fn two_agents_sharing_one_layer_draw_on_one_quota() {
     );
 
     // With no waiting allowed, the other agent's run fails as rate-limited.
-    let strict = ModelRateLimitLayer::builder()
+    let strict = ModelRateLimitLayer::new()
         .requests(1, MINUTE)
-        .max_wait(Duration::ZERO)
-        .build()
-        .unwrap();
+        .max_wait(Duration::ZERO);
     agent("support", &strict).run("hello").await.unwrap();
     let err = agent("billing", &strict).run("hello").await.unwrap_err();
     assert_eq!(err.code(), "RATE_LIMITED");

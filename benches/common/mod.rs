@@ -56,11 +56,9 @@ pub fn default_stack(model: ScriptedModel, pii: bool) -> tower_agent::BoxModel {
     use tower_agent::layers::ServiceBuilderExt;
     use tower_agent::service::box_model;
 
-    let limits = ModelRateLimitLayer::builder()
+    let limits = ModelRateLimitLayer::new()
         .requests(u64::MAX / 4, Duration::from_secs(1))
-        .tokens(u64::MAX / 4, Duration::from_secs(1))
-        .build()
-        .expect("valid limits");
+        .tokens(u64::MAX / 4, Duration::from_secs(1));
     let inner = if pii {
         box_model(MaskPiiLayer::default().layer_model(model))
     } else {

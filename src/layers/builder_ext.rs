@@ -9,8 +9,8 @@ use super::cache::CacheLayer;
 use super::fallback::FallbackLayer;
 use super::pii::MaskPiiLayer;
 use super::rate_limit::ModelRateLimitLayer;
-use super::retry::{RetryLayer, RetryPolicy};
-use super::timeout::TimeoutLayer;
+use super::retry::LlmRetryLayer;
+use super::timeout::CallTimeoutLayer;
 
 mod sealed {
     pub trait Sealed {}
@@ -29,13 +29,13 @@ mod sealed {
 /// use tower_agent::layers::ServiceBuilderExt;
 /// use tower_agent::layers::cache::CacheLayer;
 /// use tower_agent::layers::pii::MaskPiiLayer;
-/// use tower_agent::layers::retry::RetryPolicy;
+/// use tower_agent::layers::retry::LlmRetryLayer;
 /// use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() -> Result<(), tower_agent::AgentError> {
 /// let model = ServiceBuilder::new()
-///     .llm_retry(RetryPolicy::new())
+///     .llm_retry(LlmRetryLayer::new().max_attempts(4))
 ///     .call_timeout(Duration::from_secs(30))
 ///     .fallback_models(["backup-model"])
 ///     .response_cache(CacheLayer::new())
@@ -46,20 +46,22 @@ mod sealed {
 /// # Ok(()) }
 /// ```
 pub trait ServiceBuilderExt<L>: sealed::Sealed + Sized {
-    /// Retries transient provider errors: [`RetryLayer`].
-    fn llm_retry(self, policy: RetryPolicy) -> ServiceBuilder<Stack<RetryLayer, L>>;
+    /// Retries transient provider errors: [`LlmRetryLayer`]. Takes the layer
+    /// or a [`RetryPolicy`](super::retry::RetryPolicy).
+    fn llm_retry(self, layer: impl Into<LlmRetryLayer>) -> ServiceBuilder<Stack<LlmRetryLayer, L>>;
 
     /// A per-call timeout bounded by the run's deadline, ending at once on
-    /// cancellation: [`TimeoutLayer::new`].
-    fn call_timeout(self, timeout: Duration) -> ServiceBuilder<Stack<TimeoutLayer, L>>;
+    /// cancellation: [`CallTimeoutLayer::new`].
+    fn call_timeout(self, timeout: Duration) -> ServiceBuilder<Stack<CallTimeoutLayer, L>>;
 
-    /// The run's deadline and cancellation only: [`TimeoutLayer::deadline`].
-    fn run_deadline(self) -> ServiceBuilder<Stack<TimeoutLayer, L>>;
+    /// The run's deadline and cancellation only: [`CallTimeoutLayer::deadline`].
+    fn run_deadline(self) -> ServiceBuilder<Stack<CallTimeoutLayer, L>>;
 
     /// Falls back to other models or services: [`FallbackLayer`].
     fn fallback<S>(self, layer: FallbackLayer<S>) -> ServiceBuilder<Stack<FallbackLayer<S>, L>>;
 
-    /// Falls back to other models of the same provider, in order.
+    /// Falls back to other models of the same provider, in order:
+    /// `FallbackLayer::new().models(models)`.
     fn fallback_models<S, I>(self, models: I) -> ServiceBuilder<Stack<FallbackLayer<S>, L>>
     where
         I: IntoIterator,
@@ -81,16 +83,16 @@ pub trait ServiceBuilderExt<L>: sealed::Sealed + Sized {
 }
 
 impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
-    fn llm_retry(self, policy: RetryPolicy) -> ServiceBuilder<Stack<RetryLayer, L>> {
-        self.layer(RetryLayer::new(policy))
+    fn llm_retry(self, layer: impl Into<LlmRetryLayer>) -> ServiceBuilder<Stack<LlmRetryLayer, L>> {
+        self.layer(layer.into())
     }
 
-    fn call_timeout(self, timeout: Duration) -> ServiceBuilder<Stack<TimeoutLayer, L>> {
-        self.layer(TimeoutLayer::new(timeout))
+    fn call_timeout(self, timeout: Duration) -> ServiceBuilder<Stack<CallTimeoutLayer, L>> {
+        self.layer(CallTimeoutLayer::new(timeout))
     }
 
-    fn run_deadline(self) -> ServiceBuilder<Stack<TimeoutLayer, L>> {
-        self.layer(TimeoutLayer::deadline())
+    fn run_deadline(self) -> ServiceBuilder<Stack<CallTimeoutLayer, L>> {
+        self.layer(CallTimeoutLayer::deadline())
     }
 
     fn fallback<S>(self, layer: FallbackLayer<S>) -> ServiceBuilder<Stack<FallbackLayer<S>, L>> {
@@ -102,7 +104,7 @@ impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
         I: IntoIterator,
         I::Item: Into<String>,
     {
-        self.layer(FallbackLayer::models(models))
+        self.layer(FallbackLayer::new().models(models))
     }
 
     fn response_cache(self, layer: CacheLayer) -> ServiceBuilder<Stack<CacheLayer, L>> {

@@ -47,7 +47,7 @@
 //!     model => ScriptedTurn::text(format!("{model} here")),
 //! });
 //! let model = ServiceBuilder::new()
-//!     .layer(FallbackLayer::models(["small"]))
+//!     .layer(FallbackLayer::new().models(["small"]))
 //!     .service(provider);
 //!
 //! let agent = Agent::builder("assistant").model(model).model_name("big").build()?;
@@ -112,7 +112,10 @@ pub struct FallbackLayer<S> {
 }
 
 impl<S> FallbackLayer<S> {
-    /// A layer with no targets yet.
+    /// A layer with no targets yet (calls go to the inner service only), and
+    /// no budget: add targets with [`models`](Self::models),
+    /// [`model`](Self::model), [`service`](Self::service),
+    /// [`service_as`](Self::service_as) or [`target`](Self::target).
     pub fn new() -> Self {
         Self {
             targets: Vec::new(),
@@ -120,16 +123,14 @@ impl<S> FallbackLayer<S> {
         }
     }
 
-    /// Falls back to each of `models`, in order, on the inner service.
-    pub fn models<I>(models: I) -> Self
+    /// Then falls back to each of `models`, in order, on the inner service.
+    pub fn models<I>(mut self, models: I) -> Self
     where
         I: IntoIterator,
         I::Item: Into<String>,
     {
-        Self {
-            targets: models.into_iter().map(Target::model).collect(),
-            budget: None,
-        }
+        self.targets.extend(models.into_iter().map(Target::model));
+        self
     }
 
     /// Then falls back to `target`.
@@ -227,20 +228,7 @@ impl<S> Fallback<S> {
         self.targets.iter().map(|t| t.model.as_deref())
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!(inner: S);
 }
 
 fn label(model: &str) -> String {

@@ -1,19 +1,23 @@
 //! Bound each call by a timeout, the run's deadline and its cancellation.
 //!
-//! [`Timeout`] gives every call the shorter of the layer's timeout and the
+//! [`CallTimeout`] gives every call the shorter of the layer's timeout and the
 //! time left to the run's deadline ([`RunContext::deadline`]), like tonic's
 //! `grpc-timeout` takes the shorter of its own and the caller's. Cancelling
 //! the run ([`RunContext::cancel`]) ends the call in flight at once, dropping
 //! the inner future.
 //!
-//! | what happened | the error (boxed) | classified as |
+//! | what happened | the error (boxed) | code |
 //! | --- | --- | --- |
-//! | the timeout or the deadline passed | `tower::timeout::error::Elapsed` | `TIMEOUT` |
+//! | the layer's timeout passed first | [`AgentError::Timeout`] from [`TimeoutSource::CallTimeout`] ([`TimeoutSource::Tool`] on a tool stack), `after` the timeout | `TIMEOUT` |
+//! | the run's deadline passed first | [`AgentError::Timeout`] from [`TimeoutSource::RunDeadline`], `after` the run's age | `TIMEOUT` |
 //! | the run was cancelled | [`AgentError::Cancelled`] | `CANCELLED` |
+//!
+//! The name keeps clear of tower's own `TimeoutLayer`, which composes into
+//! the same stacks and knows nothing of the run.
 //!
 //! It is generic over any request carrying a [`RunContext`]
 //! ([`HasContext`]), so one layer serves the model stack and the tool stack.
-//! Inside a [`RetryLayer`](crate::layers::retry::RetryLayer) the timeout is per
+//! Inside an [`LlmRetryLayer`](crate::layers::retry::LlmRetryLayer) the timeout is per
 //! attempt, and a timed-out attempt is retried.
 //!
 //! # Example
@@ -21,18 +25,21 @@
 //! ```
 //! use std::time::Duration;
 //! use tower::ServiceBuilder;
-//! use tower_agent::layers::timeout::TimeoutLayer;
+//! use tower_agent::error::TimeoutSource;
+//! use tower_agent::layers::timeout::CallTimeoutLayer;
 //! use tower_agent::{Agent, AgentError, ScriptedModel, ScriptedTurn};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), AgentError> {
 //! let model = ServiceBuilder::new()
-//!     .layer(TimeoutLayer::new(Duration::from_secs(20)))
+//!     .layer(CallTimeoutLayer::new(Duration::from_secs(20)))
 //!     .service(ScriptedModel::new([ScriptedTurn::text("late").delay(Duration::from_secs(60))]));
 //!
 //! let agent = Agent::builder("slow").model(model).build()?;
 //! let err = agent.run("Hi").await.unwrap_err();
 //! assert_eq!(err.code(), "TIMEOUT");
+//! assert!(matches!(err, AgentError::Timeout { timer: TimeoutSource::CallTimeout, .. }));
+//! assert_eq!(err.to_string(), "the call timeout fired after 20s");
 //! # Ok(()) }
 //! ```
 //!
@@ -40,6 +47,10 @@
 //! [`RunContext::deadline`]: crate::RunContext::deadline
 //! [`RunContext::cancel`]: crate::RunContext::cancel
 //! [`AgentError::Cancelled`]: crate::AgentError::Cancelled
+//! [`AgentError::Timeout`]: crate::AgentError::Timeout
+//! [`TimeoutSource::CallTimeout`]: crate::error::TimeoutSource::CallTimeout
+//! [`TimeoutSource::Tool`]: crate::error::TimeoutSource::Tool
+//! [`TimeoutSource::RunDeadline`]: crate::error::TimeoutSource::RunDeadline
 
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -50,13 +61,13 @@ use tower::{Layer, Service};
 use crate::error::BoxError;
 use crate::request::HasContext;
 
-/// Wraps a service in [`Timeout`]. See the [module docs](self).
+/// Wraps a service in [`CallTimeout`]. See the [module docs](self).
 #[derive(Debug, Clone, Copy)]
-pub struct TimeoutLayer {
+pub struct CallTimeoutLayer {
     timeout: Option<Duration>,
 }
 
-impl TimeoutLayer {
+impl CallTimeoutLayer {
     /// Each call gets at most `timeout`, and no more than the run has left.
     pub fn new(timeout: Duration) -> Self {
         Self {
@@ -69,13 +80,19 @@ impl TimeoutLayer {
     pub fn deadline() -> Self {
         Self { timeout: None }
     }
+
+    /// Each call gets at most `timeout` (replacing the one given before).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
 }
 
-impl<S> Layer<S> for TimeoutLayer {
-    type Service = Timeout<S>;
+impl<S> Layer<S> for CallTimeoutLayer {
+    type Service = CallTimeout<S>;
 
-    fn layer(&self, inner: S) -> Timeout<S> {
-        Timeout {
+    fn layer(&self, inner: S) -> CallTimeout<S> {
+        CallTimeout {
             inner,
             timeout: self.timeout,
         }
@@ -85,20 +102,20 @@ impl<S> Layer<S> for TimeoutLayer {
 /// Ends a call at its timeout, the run's deadline or the run's cancellation,
 /// whichever comes first. See the [module docs](self).
 #[derive(Debug, Clone)]
-pub struct Timeout<S> {
+pub struct CallTimeout<S> {
     inner: S,
     timeout: Option<Duration>,
 }
 
-impl<S> Timeout<S> {
+impl<S> CallTimeout<S> {
     /// Wraps `inner`, giving each call at most `timeout`.
     pub fn new(inner: S, timeout: Duration) -> Self {
-        TimeoutLayer::new(timeout).layer(inner)
+        CallTimeoutLayer::new(timeout).layer(inner)
     }
 
     /// Wraps `inner`, bounding each call by the run's deadline only.
     pub fn deadline(inner: S) -> Self {
-        TimeoutLayer::deadline().layer(inner)
+        CallTimeoutLayer::deadline().layer(inner)
     }
 
     /// The per-call timeout, if any.
@@ -106,23 +123,10 @@ impl<S> Timeout<S> {
         self.timeout
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!(inner: S);
 }
 
-impl<S, Req> Service<Req> for Timeout<S>
+impl<S, Req> Service<Req> for CallTimeout<S>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
@@ -141,32 +145,44 @@ where
         if ctx.is_cancelled() {
             return future::ResponseFuture::cancelled();
         }
-        let own = self.timeout.map(|t| Instant::now() + t);
-        let until = match (own, ctx.deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        let own = self.timeout.map(|t| (Instant::now() + t, t));
+        // The layer's own timeout wins a tie: it is the one configured here.
+        let (until, timer) = match (own, ctx.deadline()) {
+            (Some((at, _)), Some(run)) if run < at => (Some(run), future::Timer::Run),
+            (Some((at, t)), _) => (Some(at), future::Timer::Own(req.call_timer(), t)),
+            (None, run) => (run, future::Timer::Run),
         };
         let ctx = ctx.clone();
-        future::ResponseFuture::new(self.inner.call(req), until, ctx)
+        future::ResponseFuture::new(self.inner.call(req), until, timer, ctx)
     }
 }
 
-/// The future of [`Timeout`].
+/// The future of [`CallTimeout`].
 pub mod future {
     use std::fmt;
     use std::future::Future;
     use std::pin::Pin;
     use std::task::{ready, Context, Poll};
+    use std::time::Duration;
 
     use pin_project_lite::pin_project;
     use tokio::time::{Instant, Sleep};
     use tokio_util::sync::WaitForCancellationFutureOwned;
 
     use crate::context::RunContext;
-    use crate::error::{AgentError, BoxError};
+    use crate::error::{AgentError, BoxError, TimeoutSource};
+
+    /// Which timer `until` is.
+    #[derive(Debug, Clone, Copy)]
+    pub(super) enum Timer {
+        /// The layer's own timeout, reported as this source.
+        Own(TimeoutSource, Duration),
+        /// The run's deadline.
+        Run,
+    }
 
     pin_project! {
-        /// The response future of [`Timeout`](super::Timeout).
+        /// The response future of [`CallTimeout`](super::CallTimeout).
         ///
         /// The timer and the cancellation watch are armed only when the
         /// inner future first waits: a call that answers at once costs
@@ -184,7 +200,8 @@ pub mod future {
                 #[pin]
                 inner: F,
                 until: Option<Instant>,
-                ctx: Option<RunContext>,
+                timer: Timer,
+                ctx: RunContext,
                 #[pin]
                 sleep: Option<Sleep>,
                 #[pin]
@@ -195,12 +212,13 @@ pub mod future {
     }
 
     impl<F> ResponseFuture<F> {
-        pub(super) fn new(inner: F, until: Option<Instant>, ctx: RunContext) -> Self {
+        pub(super) fn new(inner: F, until: Option<Instant>, timer: Timer, ctx: RunContext) -> Self {
             Self {
                 kind: Kind::Running {
                     inner,
                     until,
-                    ctx: Some(ctx),
+                    timer,
+                    ctx,
                     sleep: None,
                     cancelled: None,
                 },
@@ -231,6 +249,7 @@ pub mod future {
             let KindProj::Running {
                 inner,
                 until,
+                timer,
                 ctx,
                 mut sleep,
                 mut cancelled,
@@ -247,7 +266,7 @@ pub mod future {
                 return Poll::Ready(result.map_err(Into::into));
             }
             // The first wait: arm the cancellation watch and the timer.
-            if let Some(ctx) = ctx.take() {
+            if cancelled.is_none() {
                 let token = ctx.cancellation_token().clone();
                 cancelled.set(Some(token.cancelled_owned()));
                 if let Some(cancelled) = cancelled.as_pin_mut() {
@@ -260,7 +279,12 @@ pub mod future {
             match sleep.as_pin_mut() {
                 Some(sleep) => {
                     ready!(sleep.poll(cx));
-                    Poll::Ready(Err(tower::timeout::error::Elapsed::new().into()))
+                    let (timer, after) = match *timer {
+                        Timer::Own(source, after) => (source, after),
+                        Timer::Run => (TimeoutSource::RunDeadline, ctx.elapsed()),
+                    };
+                    let after = Some(after);
+                    Poll::Ready(Err(AgentError::Timeout { timer, after }.into()))
                 }
                 None => Poll::Pending,
             }

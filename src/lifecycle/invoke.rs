@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::middleware::HookKind;
 use super::{Hook, HookPoint, HookSet, Middleware};
 use crate::context::RunContext;
-use crate::error::{AgentError, BoxError};
+use crate::error::{AgentError, BoxError, TimeoutSource};
 use crate::event::AgentEvent;
 
 /// A registered lifecycle middleware, with what the stack reads once.
@@ -190,7 +190,7 @@ async fn race<F: Future>(ctx: &RunContext, fut: F) -> Result<F::Output, AgentErr
     tokio::select! {
         biased;
         () = ctx.cancelled() => Err(AgentError::Cancelled),
-        () = until(ctx.deadline()) => Err(AgentError::Timeout),
+        () = until(ctx.deadline()) => Err(AgentError::Timeout { timer: TimeoutSource::RunDeadline, after: Some(ctx.elapsed()) }),
         out = fut => Ok(out),
     }
 }
@@ -205,7 +205,7 @@ fn fail<T>(
 ) -> Result<Option<T>, AgentError> {
     let decision = matches!(
         err,
-        AgentError::Tripwire { .. } | AgentError::Cancelled | AgentError::Timeout
+        AgentError::Tripwire { .. } | AgentError::Cancelled | AgentError::Timeout { .. }
     );
     if entry.fail_open && !decision {
         log_ignored(ctx, &entry.name, hook, &err);

@@ -88,7 +88,7 @@ pub use key::CacheKey;
 pub use store::{CacheStore, MemoryStore};
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -108,7 +108,9 @@ use key::Keyer;
 /// reads and fills the same cache.
 #[derive(Clone)]
 pub struct CacheLayer {
-    store: Arc<dyn CacheStore>,
+    /// Made on first use when no store was given: a layer that is given
+    /// one never builds the default.
+    store: Arc<OnceLock<Arc<dyn CacheStore>>>,
     ttl: Duration,
     nondeterministic: bool,
 }
@@ -117,16 +119,19 @@ impl CacheLayer {
     /// A cache of at most 10,000 responses in a [`MemoryStore`], each kept an
     /// hour; requests with a temperature above zero are not cached.
     pub fn new() -> Self {
-        Self::with_store(MemoryStore::default())
-    }
-
-    /// A cache in `store`, with the defaults of [`new`](Self::new).
-    pub fn with_store(store: impl CacheStore) -> Self {
         Self {
-            store: Arc::new(store),
+            store: Arc::default(),
             ttl: Duration::from_secs(3600),
             nondeterministic: false,
         }
+    }
+
+    /// Keeps responses in `store` instead of the default [`MemoryStore`]
+    /// (e.g. a bigger one, or one shared across processes).
+    pub fn store(mut self, store: impl CacheStore) -> Self {
+        let store: Arc<dyn CacheStore> = Arc::new(store);
+        self.store = Arc::new(OnceLock::from(store));
+        self
     }
 
     /// How long a response is kept (default one hour).
@@ -140,6 +145,12 @@ impl CacheLayer {
     pub fn cache_nondeterministic(mut self, cache: bool) -> Self {
         self.nondeterministic = cache;
         self
+    }
+
+    fn store_handle(&self) -> Arc<dyn CacheStore> {
+        self.store
+            .get_or_init(|| Arc::new(MemoryStore::default()))
+            .clone()
     }
 }
 
@@ -165,7 +176,7 @@ impl<S> Layer<S> for CacheLayer {
         Cache {
             inner,
             shared: Arc::new(Shared {
-                store: self.store.clone(),
+                store: self.store_handle(),
                 ttl: self.ttl,
                 nondeterministic: self.nondeterministic,
                 keyer: Keyer::default(),
@@ -204,20 +215,7 @@ impl<S> Cache<S> {
         CacheLayer::new().layer(inner)
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!(inner: S);
 }
 
 impl<S: Clone> Clone for Cache<S> {

@@ -89,6 +89,11 @@ impl Bucket {
         self.updated = self.updated.max(now);
     }
 
+    /// Whether the bucket is full: what a fresh one would be.
+    pub(super) fn is_full(&self) -> bool {
+        self.level >= self.cap
+    }
+
     /// Whether the bucket holds `n` now: `time_for(scaled(n))` is zero.
     pub(super) fn holds(&self, n: u64) -> bool {
         self.level >= self.scaled(n)
@@ -132,8 +137,12 @@ impl Bucket {
             .saturating_sub(self.credited - grant.credited);
         let back = self.scaled(n).min(headroom);
         if back > 0 {
-            self.level = self.level.saturating_add(back).min(self.cap);
-            self.credited = self.credited.saturating_add(back);
+            // Credit only what fit under the cap: what a full bucket cannot
+            // take was never given back, and must not shrink later refunds.
+            let level = self.level.saturating_add(back).min(self.cap);
+            let credited = level - self.level;
+            self.level = level;
+            self.credited = self.credited.saturating_add(credited);
         }
     }
 

@@ -11,6 +11,10 @@
 //! per call: the [`Waiter`] and [`Ticket`] of a call hold it, so settling,
 //! releasing and leaving go straight to it. The first key a layer sees (the
 //! only one, for a layer bound to one model) is found without the map.
+//!
+//! A key nobody holds whose buckets are full is what a fresh key would be:
+//! such idle keys leave the map when it grows past its sweep mark, so the
+//! map holds the keys in use plus at most about `idle_keys` others.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -23,6 +27,7 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
 use super::bucket::{Bucket, Grant};
+use super::layer::Config;
 use super::limits::Limits;
 use crate::request::ModelCall;
 use crate::types::ModelRequest;
@@ -92,6 +97,17 @@ impl KeyState {
             take(&mut self.requests, requests),
             take(&mut self.tokens, tokens),
         )
+    }
+
+    /// Whether the key is what a fresh one would be: full buckets, nobody
+    /// queued.
+    fn is_idle(&mut self, now: Instant) -> bool {
+        if !self.queue.is_empty() || self.holders > 0 {
+            return false;
+        }
+        self.refill(now);
+        self.requests.as_ref().is_none_or(Bucket::is_full)
+            && self.tokens.as_ref().is_none_or(Bucket::is_full)
     }
 
     fn wake_head(&mut self) {
@@ -283,11 +299,31 @@ pub(super) struct Limiter {
     pub(super) key_fn: Option<Arc<KeyFn>>,
     pub(super) estimate: Option<Arc<EstimateFn>>,
     pub(super) default_output_tokens: u64,
+    idle_keys: usize,
     /// The first key seen, read without a lock. Set only under `keys`'
     /// lock, and never also in `keys`.
     first: OnceLock<Arc<KeyShared>>,
     /// Every other key.
-    keys: Mutex<HashMap<Arc<str>, Arc<KeyShared>>>,
+    keys: Mutex<Keys>,
+}
+
+/// The keys after the first, and when to sweep the idle ones out.
+#[derive(Default)]
+struct Keys {
+    map: HashMap<Arc<str>, Arc<KeyShared>>,
+    /// Sweep when the map reaches this many keys.
+    sweep_at: usize,
+}
+
+impl Keys {
+    /// Drops every key that only the map holds and that is idle. The next
+    /// sweep comes once the map has doubled (or grown by `idle_keys`), so
+    /// sweeping costs O(1) per new key.
+    fn sweep(&mut self, idle_keys: usize, now: Instant) {
+        self.map
+            .retain(|_, shared| Arc::strong_count(shared) > 1 || !shared.state().is_idle(now));
+        self.sweep_at = self.map.len() + self.map.len().max(idle_keys);
+    }
 }
 
 /// The outcome of arriving at a key's queue.
@@ -299,8 +335,9 @@ pub(super) enum Arrival {
 }
 
 impl Limiter {
-    pub(super) fn new(config: super::RateLimitBuilder) -> Self {
+    pub(super) fn new(config: Config) -> Self {
         Self {
+            idle_keys: config.idle_keys.max(1),
             default: config.default,
             per_key: config.per_key,
             max_wait: config.max_wait,
@@ -309,8 +346,18 @@ impl Limiter {
             estimate: config.estimate,
             default_output_tokens: config.default_output_tokens,
             first: OnceLock::new(),
-            keys: Mutex::default(),
+            keys: Mutex::new(Keys {
+                map: HashMap::new(),
+                sweep_at: config.idle_keys.max(1),
+            }),
         }
+    }
+
+    /// How many keys the limiter holds, the first included.
+    #[cfg(test)]
+    pub(super) fn key_count(&self) -> usize {
+        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.map.len() + usize::from(self.first.get().is_some())
     }
 
     /// The state of `key`, created (with full buckets) on first use.
@@ -327,13 +374,17 @@ impl Limiter {
         if let Some(first) = self.first.get().filter(|first| *first.key == *key) {
             return first.clone();
         }
-        if let Some(shared) = keys.get(key) {
+        if let Some(shared) = keys.map.get(key) {
             return shared.clone();
         }
+        let now = Instant::now();
         let limits = self.per_key.get(key).copied().unwrap_or(self.default);
-        let shared = Arc::new(KeyShared::new(Arc::from(key), limits, Instant::now()));
+        let shared = Arc::new(KeyShared::new(Arc::from(key), limits, now));
         if let Err(shared) = self.first.set(shared.clone()) {
-            keys.insert(shared.key.clone(), shared);
+            if keys.map.len() >= keys.sweep_at {
+                keys.sweep(self.idle_keys, now);
+            }
+            keys.map.insert(shared.key.clone(), shared);
         }
         shared
     }

@@ -11,6 +11,7 @@ use futures::FutureExt;
 use tower::{Layer, Service, ServiceExt};
 use tower_test::mock;
 
+use super::layer::Config;
 use super::limiter::Limiter;
 use super::{ModelRateLimitLayer, RateLimited};
 use crate::types::{Message, ModelRequest, ModelResponse, Usage};
@@ -24,12 +25,10 @@ fn call(model: &str) -> ModelCall {
 }
 
 fn one_a_minute() -> ModelRateLimitLayer {
-    ModelRateLimitLayer::builder()
+    ModelRateLimitLayer::new()
         .requests(1, Duration::from_secs(60))
         .tokens(10_000, Duration::from_secs(60))
         .max_wait(Duration::ZERO)
-        .build()
-        .unwrap()
 }
 
 /// The next call is refused for the rest of the minute.
@@ -90,13 +89,11 @@ async fn a_refusal_is_debug_and_answers_once() {
 #[tokio::test(start_paused = true)]
 async fn a_call_that_used_its_estimate_exactly_keeps_it_all() {
     // 1,000 tokens a minute (60 ms a token), every call estimated at 800.
-    let layer = ModelRateLimitLayer::builder()
+    let layer = ModelRateLimitLayer::new()
         .requests(10, Duration::from_secs(60))
         .tokens(1_000, Duration::from_secs(60))
         .estimate(|_| 800)
-        .max_wait(Duration::ZERO)
-        .build()
-        .unwrap();
+        .max_wait(Duration::ZERO);
     let mut service = layer.layer(ScriptedModel::from_fn(|_| {
         ScriptedTurn::text("ok").usage(Usage::new(700, 100))
     }));
@@ -121,7 +118,7 @@ async fn a_call_that_used_its_estimate_exactly_keeps_it_all() {
 
 #[test]
 fn every_thread_finds_the_same_state_for_a_key() {
-    let limiter = Arc::new(Limiter::new(ModelRateLimitLayer::builder()));
+    let limiter = Arc::new(Limiter::new(Config::default()));
     let found: Vec<_> = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..8)
             .map(|i| {

@@ -15,7 +15,7 @@ use tower::retry::budget::{Budget, TpsBudget};
 /// 10 seconds) behind an `Arc`. One `RetryBudget` handed to several layers is
 /// one pool:
 ///
-/// - every clone of a [`RetryLayer`](super::RetryLayer) and of the services
+/// - every clone of a [`LlmRetryLayer`](super::LlmRetryLayer) and of the services
 ///   it makes draws on it;
 /// - a [`FallbackLayer`](crate::layers::fallback::FallbackLayer) given the same
 ///   handle draws on it too, so retry and fallback together cannot exceed it;
@@ -27,13 +27,13 @@ use tower::retry::budget::{Budget, TpsBudget};
 /// through: the first layer marks the request.
 ///
 /// ```
-/// use tower_agent::layers::retry::{RetryBudget, RetryLayer, RetryPolicy};
+/// use tower_agent::layers::retry::{LlmRetryLayer, RetryBudget};
 /// use tower_agent::layers::fallback::FallbackLayer;
 /// use tower_agent::BoxModel;
 ///
 /// let budget = RetryBudget::default();
-/// let retry = RetryLayer::new(RetryPolicy::new().budget(budget.clone()));
-/// let fallback: FallbackLayer<BoxModel> = FallbackLayer::models(["small-model"]).budget(budget.clone());
+/// let retry = LlmRetryLayer::new().budget(budget.clone());
+/// let fallback: FallbackLayer<BoxModel> = FallbackLayer::new().models(["small-model"]).budget(budget.clone());
 /// // ... the parent's and every child agent's model stacks use `retry` and `fallback`.
 /// # let _ = (retry, fallback);
 /// ```

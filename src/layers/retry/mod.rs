@@ -1,7 +1,13 @@
 //! Retry a failed call: [`tower::retry`] with an LLM-aware [`RetryPolicy`].
 //!
-//! [`RetryLayer`] wraps a model service or a tool stack in [`Retry`], which is
-//! tower's own `Retry` driven by [`RetryPolicy`]:
+//! [`LlmRetryLayer`] wraps a model service or a tool stack in [`LlmRetry`],
+//! which is tower's own `Retry` driven by [`RetryPolicy`]. The layer is its
+//! own builder: [`LlmRetryLayer::new`] has the policy's defaults, and its
+//! setters ([`max_attempts`](LlmRetryLayer::max_attempts),
+//! [`backoff`](LlmRetryLayer::backoff),
+//! [`max_retry_after`](LlmRetryLayer::max_retry_after),
+//! [`budget`](LlmRetryLayer::budget)) change one thing each. The names keep
+//! clear of tower's `RetryLayer` and `Retry`.
 //!
 //! - **What is retried**: rate-limited, unavailable, timed-out and 5xx-class
 //!   failures ([`is_transient`]). Never an invalid request, auth, context
@@ -29,17 +35,17 @@
 //! ```
 //! use std::time::Duration;
 //! use tower::ServiceBuilder;
-//! use tower_agent::layers::retry::{Backoff, RetryBudget, RetryLayer, RetryPolicy};
+//! use tower_agent::layers::retry::{Backoff, LlmRetryLayer, RetryBudget};
 //! use tower_agent::{Agent, ErrorKind, ScriptedModel, ScriptedTurn};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), tower_agent::AgentError> {
-//! let policy = RetryPolicy::new()
+//! let retry = LlmRetryLayer::new()
 //!     .max_attempts(4)
 //!     .backoff(Backoff::new(Duration::from_millis(200), Duration::from_secs(10)))
 //!     .budget(RetryBudget::default());
 //! let model = ServiceBuilder::new()
-//!     .layer(RetryLayer::new(policy))
+//!     .layer(retry)
 //!     .service(ScriptedModel::new([
 //!         ScriptedTurn::error(ErrorKind::Unavailable, "overloaded"),
 //!         ScriptedTurn::rate_limited(Duration::from_secs(2)),
@@ -56,7 +62,7 @@
 //!
 //! Outside the timeout (each attempt gets its own) and outside a fallback (a
 //! retry goes through every model again): `retry ▸ timeout ▸ fallback ▸ …`.
-//! In a tool stack, `AgentBuilder::tool_layer(RetryLayer::new(..))`.
+//! In a tool stack, `AgentBuilder::tool_layer(LlmRetryLayer::new())`.
 
 mod backoff;
 mod budget;
@@ -65,6 +71,7 @@ mod replay;
 
 use std::fmt;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::TryFutureExt;
 use tower::{Layer, Service};
@@ -76,24 +83,67 @@ pub use replay::{RetryRequest, StreamGuard};
 
 use crate::error::BoxError;
 
-/// Wraps a service in [`Retry`]. See the [module docs](self).
+/// Wraps a service in [`LlmRetry`]. See the [module docs](self).
+///
+/// Defaults: those of [`RetryPolicy::new`] (3 attempts in all, 500 ms
+/// backoff doubling to 30 s with full jitter, `Retry-After` honoured up to
+/// 60 s, no budget).
 #[derive(Debug, Clone, Default)]
-pub struct RetryLayer {
+pub struct LlmRetryLayer {
     policy: RetryPolicy,
 }
 
-impl RetryLayer {
-    /// A layer retrying by `policy`.
-    pub fn new(policy: RetryPolicy) -> Self {
+impl LlmRetryLayer {
+    /// A layer with the default policy.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The most attempts a call gets, the first included (default 3; 0 is
+    /// read as 1, no retry).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.policy = self.policy.max_attempts(attempts);
+        self
+    }
+
+    /// How long to wait between attempts when the provider does not say.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.policy = self.policy.backoff(backoff);
+        self
+    }
+
+    /// The longest `Retry-After` to wait for (default 60 s). A provider
+    /// asking for more fails the call at once, with its error.
+    pub fn max_retry_after(mut self, max: Duration) -> Self {
+        self.policy = self.policy.max_retry_after(max);
+        self
+    }
+
+    /// Draws every retry from `budget`, shared with whoever else holds it
+    /// (the fallback layer, nested agents' stacks).
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        self.policy = self.policy.budget(budget);
+        self
+    }
+
+    /// Retries by `policy`, replacing everything set before.
+    pub fn policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+}
+
+impl From<RetryPolicy> for LlmRetryLayer {
+    fn from(policy: RetryPolicy) -> Self {
         Self { policy }
     }
 }
 
-impl<S> Layer<S> for RetryLayer {
-    type Service = Retry<S>;
+impl<S> Layer<S> for LlmRetryLayer {
+    type Service = LlmRetry<S>;
 
-    fn layer(&self, inner: S) -> Retry<S> {
-        Retry::new(inner, self.policy.clone())
+    fn layer(&self, inner: S) -> LlmRetry<S> {
+        LlmRetry::new(inner, self.policy.clone())
     }
 }
 
@@ -105,12 +155,12 @@ impl<S> Layer<S> for RetryLayer {
 ///
 /// Clones share the policy's budget and backoff generator.
 #[derive(Clone)]
-pub struct Retry<S> {
+pub struct LlmRetry<S> {
     inner: tower::retry::Retry<RetryPolicy, ErrInto<S>>,
     budget: Option<RetryBudget>,
 }
 
-impl<S> Retry<S> {
+impl<S> LlmRetry<S> {
     /// Wraps `inner`, retrying by `policy`.
     pub fn new(inner: S, policy: RetryPolicy) -> Self {
         let budget = policy.budget_handle().cloned();
@@ -120,31 +170,23 @@ impl<S> Retry<S> {
         }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner.get_ref().0
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner.get_mut().0
-    }
-
-    /// The inner service.
-    pub fn into_inner(self) -> S {
-        self.inner.into_inner().0
-    }
+    inner_accessors!(
+        S,
+        |s| s.inner.get_ref().0,
+        |s| s.inner.get_mut().0,
+        |s| s.inner.into_inner().0
+    );
 }
 
-impl<S: fmt::Debug> fmt::Debug for Retry<S> {
+impl<S: fmt::Debug> fmt::Debug for LlmRetry<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Retry")
+        f.debug_struct("LlmRetry")
             .field("inner", &self.inner)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, Req> Service<Req> for Retry<S>
+impl<S, Req> Service<Req> for LlmRetry<S>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
@@ -193,7 +235,7 @@ where
     }
 }
 
-/// The futures of [`Retry`].
+/// The futures of [`LlmRetry`].
 pub mod future {
     use std::fmt;
     use std::future::Future;
@@ -208,7 +250,7 @@ pub mod future {
     use crate::error::BoxError;
 
     pin_project! {
-        /// The response future of [`Retry`](super::Retry).
+        /// The response future of [`LlmRetry`](super::LlmRetry).
         pub struct ResponseFuture<S, Req>
         where
             S: Service<Req>,

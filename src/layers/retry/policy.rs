@@ -46,7 +46,7 @@ pub fn is_transient(err: &(dyn StdError + 'static)) -> bool {
 /// budget.
 ///
 /// It works on its own with `tower::retry::RetryLayer` too, for services
-/// failing with [`BoxError`]; [`RetryLayer`](super::RetryLayer) adds the
+/// failing with [`BoxError`]; [`LlmRetryLayer`](super::LlmRetryLayer) adds the
 /// stream guard a streamed call needs to be retried at all.
 ///
 /// # Clone

@@ -10,7 +10,7 @@ use tracing::{field, Instrument};
 use super::tools::Step;
 use super::Config;
 use crate::context::RunContext;
-use crate::error::{AgentError, BoxError};
+use crate::error::{AgentError, BoxError, TimeoutSource};
 use crate::event::AgentEvent;
 use crate::hooks::{RunHooks, RunOutcome, RunStart};
 use crate::request::{DeltaSink, ModelCall, RunInput, RunRequest};
@@ -137,7 +137,7 @@ pub(super) async fn race<F: Future>(ctx: &RunContext, fut: F) -> Result<F::Outpu
     tokio::select! {
         biased;
         () = ctx.cancelled() => Err(AgentError::Cancelled),
-        () = until(ctx.deadline()) => Err(AgentError::Timeout),
+        () = until(ctx.deadline()) => Err(AgentError::Timeout { timer: TimeoutSource::RunDeadline, after: Some(ctx.elapsed()) }),
         out = fut => Ok(out),
     }
 }

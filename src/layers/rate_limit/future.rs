@@ -1,0 +1,226 @@
+//! The [`ModelRateLimit`](super::ModelRateLimit) service's future.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tower::Service;
+
+use super::limiter::{Ticket, Waiter};
+use crate::error::{AgentError, BoxError, RateLimited};
+use crate::event::AgentEvent;
+use crate::request::ModelCall;
+use crate::types::ModelResponse;
+
+pin_project! {
+    /// The future of [`ModelRateLimit`](super::ModelRateLimit): a
+    /// refusal, the inner call, or the wait for capacity followed by
+    /// the inner call.
+    ///
+    /// With ample capacity the inner service is called from `call`,
+    /// and this future only drives the inner one and settles the
+    /// tokens. A call that waits owns the ready inner service until it
+    /// is admitted.
+    pub struct ResponseFuture<S>
+    where
+        S: Service<ModelCall>,
+    {
+        #[pin]
+        state: State<S, S::Future>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, F> {
+        Refused {
+            error: Option<RateLimited>,
+        },
+        // The layer's limits are invalid: every call fails.
+        Invalid {
+            message: Option<Arc<str>>,
+        },
+        // Boxed: only a call that waits (or reports a wait) comes here,
+        // and the future of every other call stays small.
+        Waiting {
+            waiting: Box<Waiting<S>>,
+        },
+        Called {
+            #[pin]
+            fut: F,
+            // Marked sent as the inner service was called; settled when
+            // it answers.
+            ticket: Option<Ticket>,
+        },
+    }
+}
+
+/// A call that is not admitted yet, or must report its wait.
+struct Waiting<S> {
+    /// `None` once admitted (or when admitted in `call`).
+    waiter: Option<Waiter>,
+    /// The first poll's time, when it waits.
+    since: Option<Instant>,
+    /// A slot held from `poll_ready`, then the whole admission.
+    ticket: Option<Ticket>,
+    waited: Duration,
+    call: Option<ModelCall>,
+    inner: S,
+}
+
+impl<S> ResponseFuture<S>
+where
+    S: Service<ModelCall>,
+{
+    pub(super) fn refused(err: RateLimited) -> Self {
+        Self {
+            state: State::Refused { error: Some(err) },
+        }
+    }
+
+    pub(super) fn invalid(message: Arc<str>) -> Self {
+        Self {
+            state: State::Invalid {
+                message: Some(message),
+            },
+        }
+    }
+
+    pub(super) fn called(fut: S::Future, mut ticket: Ticket) -> Self {
+        ticket.sent();
+        Self {
+            state: State::Called {
+                fut,
+                ticket: Some(ticket),
+            },
+        }
+    }
+
+    pub(super) fn waiting(
+        inner: S,
+        call: ModelCall,
+        waiter: Option<Waiter>,
+        ticket: Option<Ticket>,
+        waited: Duration,
+    ) -> Self {
+        Self {
+            state: State::Waiting {
+                waiting: Box::new(Waiting {
+                    waiter,
+                    since: None,
+                    ticket,
+                    waited,
+                    call: Some(call),
+                    inner,
+                }),
+            },
+        }
+    }
+}
+
+impl<S> Future for ResponseFuture<S>
+where
+    S: Service<ModelCall, Response = ModelResponse>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<ModelResponse, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            let fut = match state.as_mut().project() {
+                StateProj::Refused { error } => {
+                    let err = error
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Err(err.into()));
+                }
+                StateProj::Invalid { message } => {
+                    let message = message
+                        .take()
+                        .expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Err(AgentError::Config(message.to_string()).into()));
+                }
+                StateProj::Waiting { waiting } => {
+                    let Waiting {
+                        waiter,
+                        since,
+                        ticket,
+                        waited,
+                        call,
+                        inner,
+                    } = &mut **waiting;
+                    if let Some(queued) = waiter {
+                        let since = *since.get_or_insert_with(|| {
+                            tracing::debug!(
+                                key = %queued.key(),
+                                "rate limit: waiting for capacity"
+                            );
+                            Instant::now()
+                        });
+                        let admitted = ready!(queued.poll_admitted(cx));
+                        *waited += since.elapsed();
+                        *waiter = None;
+                        *ticket = Some(super::merged(ticket.take(), admitted));
+                    }
+                    let mut ticket = ticket.take().expect("admitted before the call");
+                    let call = call.take().expect("called once");
+                    if !waited.is_zero() {
+                        let ctx = &call.context;
+                        ctx.emit(|| AgentEvent::RateLimitWait {
+                            run_id: ctx.run_id().clone(),
+                            key: ticket.key().to_owned(),
+                            waited: *waited,
+                        });
+                    }
+                    let fut = inner.call(call);
+                    ticket.sent();
+                    State::Called {
+                        fut,
+                        ticket: Some(ticket),
+                    }
+                }
+                StateProj::Called { fut, ticket } => {
+                    let output = fut.poll(cx);
+                    // A failed call keeps its reservation.
+                    if let (Poll::Ready(Ok(response)), Some(ticket)) = (&output, ticket) {
+                        ticket.settle(response.usage.total_tokens());
+                    }
+                    return output.map_err(Into::into);
+                }
+            };
+            state.set(fut);
+        }
+    }
+}
+
+impl<S> fmt::Debug for ResponseFuture<S>
+where
+    S: Service<ModelCall>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.state {
+            State::Refused { error } => f
+                .debug_tuple("ResponseFuture::Refused")
+                .field(error)
+                .finish(),
+            State::Invalid { message } => f
+                .debug_tuple("ResponseFuture::Invalid")
+                .field(message)
+                .finish(),
+            State::Waiting { waiting } => f
+                .debug_struct("ResponseFuture::Waiting")
+                .field("waiter", &waiting.waiter)
+                .finish_non_exhaustive(),
+            State::Called { ticket, .. } => f
+                .debug_struct("ResponseFuture::Called")
+                .field("ticket", ticket)
+                .finish_non_exhaustive(),
+        }
+    }
+}

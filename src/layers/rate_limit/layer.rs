@@ -1,0 +1,220 @@
+//! [`ModelRateLimitLayer`]: the layer, its own builder.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tower::Layer;
+
+use super::limiter::{EstimateFn, KeyFn, Limiter};
+use super::limits::Limits;
+use super::{ModelRateLimit, Slot};
+use crate::error::AgentError;
+use crate::request::ModelCall;
+use crate::types::ModelRequest;
+
+/// Applies [`ModelRateLimit`] to model services. See the [module docs](super).
+///
+/// The layer is its own builder: [`new`](Self::new) has no limits, a
+/// `max_wait` of 30 s and keys calls by model; each setter changes one thing.
+/// The limits are checked once, when the layer first builds a service (or
+/// at [`validate`](Self::validate)): a limit of zero fails every call of
+/// that service with [`AgentError::Config`] (`INVALID_CONFIG`).
+///
+/// # Clone
+///
+/// Clones share the quota: every service built by this layer or a clone of
+/// it draws on the same requests and tokens. A setter called on a clone
+/// gives that clone a quota of its own.
+#[derive(Clone)]
+pub struct ModelRateLimitLayer {
+    config: Config,
+    /// The quota, made (and the limits checked) once, when the first
+    /// service is built; shared by every clone made since the last setter.
+    limiter: Arc<OnceLock<Result<Arc<Limiter>, Arc<str>>>>,
+}
+
+/// What the setters configure.
+#[derive(Clone)]
+pub(super) struct Config {
+    pub(super) default: Limits,
+    pub(super) per_key: HashMap<String, Limits>,
+    pub(super) max_wait: Duration,
+    pub(super) fixed_key: Option<String>,
+    pub(super) key_fn: Option<Arc<KeyFn>>,
+    pub(super) estimate: Option<Arc<EstimateFn>>,
+    pub(super) default_output_tokens: u64,
+    pub(super) idle_keys: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            default: Limits::new(),
+            per_key: HashMap::new(),
+            max_wait: Duration::from_secs(30),
+            fixed_key: None,
+            key_fn: None,
+            estimate: None,
+            default_output_tokens: 1024,
+            idle_keys: 1024,
+        }
+    }
+}
+
+impl Config {
+    fn check(&self) -> Result<(), String> {
+        if !self.default.is_valid() {
+            return Err("rate limit: amounts and intervals must be above zero".into());
+        }
+        if let Some((key, _)) = self.per_key.iter().find(|(_, l)| !l.is_valid()) {
+            return Err(format!(
+                "rate limit of `{key}`: amounts and intervals must be above zero"
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("default", &self.default)
+            .field("per_key", &self.per_key)
+            .field("max_wait", &self.max_wait)
+            .field("fixed_key", &self.fixed_key)
+            .field("default_output_tokens", &self.default_output_tokens)
+            .field("idle_keys", &self.idle_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ModelRateLimitLayer {
+    /// No limits yet, a `max_wait` of 30 s, keyed on the model, 1024 output
+    /// tokens assumed for a request without `max_tokens`.
+    pub fn new() -> Self {
+        Self {
+            config: Config::default(),
+            limiter: Arc::default(),
+        }
+    }
+
+    /// Changes the configuration: the layer gets a quota of its own.
+    fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
+        change(&mut self.config);
+        self.limiter = Arc::default();
+        self
+    }
+
+    /// At most `amount` requests per `per`, for every key without limits
+    /// of its own.
+    pub fn requests(self, amount: u64, per: Duration) -> Self {
+        self.with(|c| c.default = c.default.requests(amount, per))
+    }
+
+    /// At most `amount` tokens per `per`, for every key without limits of
+    /// its own.
+    pub fn tokens(self, amount: u64, per: Duration) -> Self {
+        self.with(|c| c.default = c.default.tokens(amount, per))
+    }
+
+    /// The limits of `key` (a model name, unless a key function says
+    /// otherwise), instead of the default ones.
+    pub fn limits_for(self, key: impl Into<String>, limits: Limits) -> Self {
+        let key = key.into();
+        self.with(|c| {
+            c.per_key.insert(key, limits);
+        })
+    }
+
+    /// The longest a call may wait for capacity before it fails with
+    /// `RATE_LIMITED` (default 30 s). Zero fails every call that would wait.
+    pub fn max_wait(self, max_wait: Duration) -> Self {
+        self.with(|c| c.max_wait = max_wait)
+    }
+
+    /// Binds the layer to one key, whatever the request says: capacity is
+    /// then reserved in `poll_ready`. See [Readiness](super#readiness).
+    pub fn key(self, key: impl Into<String>) -> Self {
+        let key = key.into();
+        self.with(|c| c.fixed_key = Some(key))
+    }
+
+    /// Keys calls with `f` instead of the model name (e.g. by tenant and
+    /// model, from the run's state).
+    pub fn key_fn(self, f: impl Fn(&ModelCall) -> String + Send + Sync + 'static) -> Self {
+        self.with(|c| c.key_fn = Some(Arc::new(f)))
+    }
+
+    /// Estimates a request's tokens with `f` instead of the default (text
+    /// at four bytes a token plus the output allowance).
+    pub fn estimate(self, f: impl Fn(&ModelRequest) -> u64 + Send + Sync + 'static) -> Self {
+        self.with(|c| c.estimate = Some(Arc::new(f)))
+    }
+
+    /// The output tokens the default estimate assumes for a request without
+    /// `max_tokens` (default 1024).
+    pub fn default_output_tokens(self, tokens: u64) -> Self {
+        self.with(|c| c.default_output_tokens = tokens)
+    }
+
+    /// How many idle keys may stay in memory before they are swept (default
+    /// 1024). A key is idle when its buckets have refilled and no call
+    /// holds or waits for its quota: it is then exactly what a fresh key
+    /// would be, and forgetting it changes nothing. See
+    /// [Keys](super#keys).
+    pub fn idle_keys(self, keys: usize) -> Self {
+        self.with(|c| c.idle_keys = keys)
+    }
+
+    /// Checks the limits, as building the first service does.
+    ///
+    /// # Errors
+    ///
+    /// [`AgentError::Config`] if a limit has an amount of zero or a zero
+    /// interval.
+    pub fn validate(&self) -> Result<(), AgentError> {
+        self.limiter()
+            .map(drop)
+            .map_err(|message| AgentError::Config(message.to_string()))
+    }
+
+    /// The shared quota, made on first use; or why the limits are invalid.
+    pub(super) fn limiter(&self) -> Result<Arc<Limiter>, Arc<str>> {
+        self.limiter
+            .get_or_init(|| {
+                self.config
+                    .check()
+                    .map(|()| Arc::new(Limiter::new(self.config.clone())))
+                    .map_err(Arc::from)
+            })
+            .clone()
+    }
+}
+
+impl Default for ModelRateLimitLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for ModelRateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ModelRateLimitLayer")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Layer<S> for ModelRateLimitLayer {
+    type Service = ModelRateLimit<S>;
+
+    fn layer(&self, inner: S) -> ModelRateLimit<S> {
+        ModelRateLimit {
+            inner,
+            limiter: self.limiter(),
+            slot: Slot::Empty,
+        }
+    }
+}
