@@ -15,8 +15,8 @@ use tower_agent::layers::cache::CacheLayer;
 use tower_agent::layers::fallback::FallbackLayer;
 use tower_agent::layers::pii::MaskPiiLayer;
 use tower_agent::layers::rate_limit::ModelRateLimitLayer;
-use tower_agent::layers::retry::{RetryLayer, RetryPolicy};
-use tower_agent::layers::timeout::TimeoutLayer;
+use tower_agent::layers::retry::LlmRetryLayer;
+use tower_agent::layers::timeout::CallTimeoutLayer;
 use tower_agent::types::{History, Message, ModelRequest, ModelResponse};
 use tower_agent::{BoxError, ModelCall, RunContext};
 
@@ -123,7 +123,7 @@ fn layers(c: &mut Criterion) {
     );
     bench!(
         "retry",
-        RetryLayer::new(RetryPolicy::new()).layer(model.clone())
+        LlmRetryLayer::new().layer(model.clone())
     );
     bench!(
         "pii_short_clean_message",
@@ -131,11 +131,11 @@ fn layers(c: &mut Criterion) {
     );
     bench!(
         "timeout",
-        TimeoutLayer::new(Duration::from_secs(30)).layer(model.clone())
+        CallTimeoutLayer::new(Duration::from_secs(30)).layer(model.clone())
     );
     bench!(
         "fallback",
-        FallbackLayer::models(["backup"]).layer(model.clone())
+        FallbackLayer::new().models(["backup"]).layer(model.clone())
     );
     let limit = ModelRateLimitLayer::new()
         .requests(u64::MAX / 4, Duration::from_secs(1))
@@ -178,9 +178,9 @@ fn layers(c: &mut Criterion) {
     bench!(
         "full_default_stack",
         ServiceBuilder::new()
-            .layer(RetryLayer::new(RetryPolicy::new()))
-            .layer(TimeoutLayer::new(Duration::from_secs(30)))
-            .layer(FallbackLayer::models(["backup"]))
+            .layer(LlmRetryLayer::new())
+            .layer(CallTimeoutLayer::new(Duration::from_secs(30)))
+            .layer(FallbackLayer::new().models(["backup"]))
             .layer(limit)
             .service(model.clone())
     );

@@ -36,7 +36,7 @@
 //! use tower_agent::error::{AgentError, TimeoutSource};
 //!
 //! let err = AgentError::Timeout { timer: TimeoutSource::CallTimeout, after: Some(Duration::from_secs(30)) };
-//! assert_eq!(err.to_string(), "the call timeout fired after 30s");
+//! assert_eq!(err.to_string(), "timed out: the call timeout fired after 30s");
 //! assert_eq!(err.code(), "TIMEOUT");
 //! ```
 
@@ -355,7 +355,7 @@ impl fmt::Display for TimeoutText {
             TimeoutSource::RunDeadline => "passed",
             _ => "fired",
         };
-        write!(f, "{} {verb}", self.0)?;
+        write!(f, "timed out: {} {verb}", self.0)?;
         if let Some(after) = self.1 {
             write!(f, " after {after:?}")?;
         }
@@ -380,7 +380,7 @@ pub enum AgentError {
     Cancelled,
     /// A call, or the run, timed out: `timer` says which deadline fired
     /// and `after` how long it allowed (the run's: how long the run had been
-    /// going), e.g. "the call timeout fired after 30s".
+    /// going), e.g. "timed out: the call timeout fired after 30s".
     #[error("{}", TimeoutText(*timer, *after))]
     Timeout {
         /// Which deadline fired.

@@ -12,7 +12,7 @@ use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 use tower_agent::event::{AgentEvent, CollectingSink};
 use tower_agent::layers::fallback::error::FallbackExhausted;
 use tower_agent::layers::fallback::{Fallback, FallbackLayer, Target};
-use tower_agent::layers::retry::{Backoff, Jitter, RetryBudget, RetryLayer, RetryPolicy};
+use tower_agent::layers::retry::{Backoff, Jitter, RetryBudget, LlmRetryLayer};
 use tower_agent::lifecycle::{Hook, HookSet, LifecycleLayer, Middleware, MiddlewareStack};
 use tower_agent::types::{Message, ModelDelta, ModelRequest, ModelResponse, Usage};
 use tower_agent::{
@@ -287,7 +287,7 @@ fn provider() -> ScriptedModel {
 async fn a_full_run_falls_back_across_models_of_one_provider() {
     let model = provider();
     let agent = Agent::builder("assistant")
-        .model(FallbackLayer::models(["small"]).layer(model.clone()))
+        .model(FallbackLayer::new().models(["small"]).layer(model.clone()))
         .model_name("big")
         .build()
         .unwrap();
@@ -320,7 +320,7 @@ async fn a_full_run_asks_the_hooks_before_switching() {
     for allow in [true, false] {
         let gate = SwitchGate::new(allow);
         let agent = Agent::builder("assistant")
-            .model(FallbackLayer::models(["small"]).layer(provider()))
+            .model(FallbackLayer::new().models(["small"]).layer(provider()))
             .model_name("big")
             .build()
             .unwrap();
@@ -341,10 +341,10 @@ async fn a_full_run_asks_the_hooks_before_switching() {
     }
 }
 
-fn exact_retry(budget: RetryBudget) -> RetryLayer {
-    RetryLayer::new(RetryPolicy::new().max_attempts(2).budget(budget).backoff(
+fn exact_retry(budget: RetryBudget) -> LlmRetryLayer {
+    LlmRetryLayer::new().max_attempts(2).budget(budget).backoff(
         Backoff::new(Duration::from_millis(100), Duration::from_secs(1)).jitter(Jitter::None),
-    ))
+    )
 }
 
 #[tokio::test(start_paused = true)]
@@ -356,7 +356,7 @@ async fn retry_and_fallback_draw_on_one_budget() {
     let budget = allowance(2);
     let stack = ServiceBuilder::new()
         .layer(exact_retry(budget.clone()))
-        .layer(FallbackLayer::models(["small"]).budget(budget))
+        .layer(FallbackLayer::new().models(["small"]).budget(budget))
         .service(model.clone());
     let agent = Agent::builder("a")
         .model(stack)

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use tower::retry::budget::Budget;
 use tower::{service_fn, Service, ServiceBuilder};
 use tower_agent::event::{AgentEvent, CollectingSink};
-use tower_agent::layers::retry::{Backoff, Jitter, RetryBudget, RetryLayer, RetryPolicy};
+use tower_agent::layers::retry::{Backoff, Jitter, RetryBudget, LlmRetryLayer};
 use tower_agent::types::{Message, ModelDelta, ModelRequest, ModelResponse, ToolCall, Usage};
 use tower_agent::{
     tool_fn, tripwire, Agent, AgentError, AgentTool, BoxError, DeltaSink, ErrorKind, ModelCall,
@@ -24,8 +24,8 @@ fn ms(n: u64) -> Duration {
 }
 
 /// Waits of exactly 100 ms, 200 ms, 400 ms, … (capped at 1 s).
-fn exact() -> RetryPolicy {
-    RetryPolicy::new().backoff(Backoff::new(ms(100), Duration::from_secs(1)).jitter(Jitter::None))
+fn exact() -> LlmRetryLayer {
+    LlmRetryLayer::new().backoff(Backoff::new(ms(100), Duration::from_secs(1)).jitter(Jitter::None))
 }
 
 fn model_call(ctx: &RunContext) -> ModelCall {
@@ -96,7 +96,7 @@ async fn answer_error(handle: &mut ModelMock, err: impl Into<BoxError>) -> Model
 #[tokio::test(start_paused = true)]
 async fn mock_retries_a_provider_error_then_answers() {
     let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(RetryLayer::new(exact()));
+        mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
     let (ctx, sink) = traced();
     assert!(svc.poll_ready().is_ready());
     let started = tokio::time::Instant::now();
@@ -145,7 +145,7 @@ async fn mock_never_retries_what_another_call_cannot_fix() {
     ];
     for (error, code) in fatal {
         let (mut svc, mut handle) =
-            mock::spawn_layer::<ModelCall, ModelResponse, _>(RetryLayer::new(exact()));
+            mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
         let (ctx, sink) = traced();
         assert!(svc.poll_ready().is_ready());
         let response = tokio::spawn(svc.call(model_call(&ctx)));
@@ -163,7 +163,7 @@ async fn mock_never_retries_what_another_call_cannot_fix() {
 
 #[tokio::test(start_paused = true)]
 async fn mock_stops_after_max_attempts_with_the_last_error() {
-    let layer = RetryLayer::new(exact().max_attempts(3));
+    let layer = exact().max_attempts(3);
     let (mut svc, mut handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(layer);
     let (ctx, sink) = traced();
     assert!(svc.poll_ready().is_ready());
@@ -187,7 +187,7 @@ async fn mock_stops_after_max_attempts_with_the_last_error() {
 
 #[tokio::test(start_paused = true)]
 async fn mock_honours_retry_after_up_to_the_max_wait() {
-    let layer = RetryLayer::new(exact().max_retry_after(Duration::from_secs(10)));
+    let layer = exact().max_retry_after(Duration::from_secs(10));
     let (mut svc, mut handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(layer);
     let (ctx, sink) = traced();
 
@@ -225,7 +225,7 @@ async fn mock_honours_retry_after_up_to_the_max_wait() {
 #[tokio::test(start_paused = true)]
 async fn mock_does_not_wait_past_the_deadline_or_after_cancellation() {
     let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(RetryLayer::new(exact()));
+        mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
 
     let ctx = RunContext::builder().timeout(ms(150)).build();
     tokio::time::advance(ms(60)).await;
@@ -252,7 +252,7 @@ async fn mock_does_not_wait_past_the_deadline_or_after_cancellation() {
 #[tokio::test(start_paused = true)]
 async fn mock_replays_a_streamed_call_only_before_its_first_delta() {
     let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(RetryLayer::new(exact()));
+        mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
     let (sink, mut deltas) = DeltaSink::channel();
 
     // Fails before streaming anything: retried.
@@ -292,7 +292,7 @@ async fn mock_replays_a_streamed_call_only_before_its_first_delta() {
 #[tokio::test(start_paused = true)]
 async fn mock_retries_only_idempotent_tool_calls() {
     let (mut svc, mut handle) =
-        mock::spawn_layer::<ToolInvocation, ToolOutput, _>(RetryLayer::new(exact()));
+        mock::spawn_layer::<ToolInvocation, ToolOutput, _>(exact());
     let invocation = |idempotent| {
         let mut inv = ToolInvocation::new(ToolCall::new("c1", "lookup", "{}"), RunContext::new());
         inv.idempotent = idempotent;
@@ -320,7 +320,7 @@ async fn mock_retries_only_idempotent_tool_calls() {
 #[tokio::test(start_paused = true)]
 async fn mock_forwards_readiness() {
     let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(RetryLayer::new(exact()));
+        mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
     handle.allow(0);
     assert!(svc.poll_ready().is_pending());
     handle.allow(1);
@@ -331,7 +331,7 @@ async fn mock_forwards_readiness() {
 #[tokio::test(start_paused = true)]
 async fn the_budget_is_shared_by_clones_and_layers() {
     let budget = Allowance::budget(1);
-    let layer = RetryLayer::new(exact().budget(budget.clone()));
+    let layer = exact().budget(budget.clone());
     let (mut first, mut first_handle) =
         mock::spawn_layer::<ModelCall, ModelResponse, _>(layer.clone());
     let (mut second, mut second_handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(layer);
@@ -365,7 +365,7 @@ async fn a_tps_budget_pays_retries_from_deposited_calls() {
     let agent = Agent::builder("a")
         .model(
             ServiceBuilder::new()
-                .layer(RetryLayer::new(exact().budget(budget)))
+                .layer(exact().budget(budget))
                 .service(model.clone()),
         )
         .build()
@@ -391,7 +391,7 @@ async fn a_full_run_retries_and_counts_only_what_reached_the_model() {
     let agent = Agent::builder("greeter")
         .model(
             ServiceBuilder::new()
-                .layer(RetryLayer::new(exact().max_attempts(3)))
+                .layer(exact().max_attempts(3))
                 .service(model.clone()),
         )
         .build()
@@ -450,7 +450,7 @@ async fn a_streamed_run_is_not_replayed_after_text_went_out() {
     let agent = Agent::builder("geo")
         .model(
             ServiceBuilder::new()
-                .layer(RetryLayer::new(exact()))
+                .layer(exact())
                 .service(model),
         )
         .build()
@@ -469,7 +469,7 @@ async fn a_streamed_run_is_not_replayed_after_text_went_out() {
     let agent = Agent::builder("geo")
         .model(
             ServiceBuilder::new()
-                .layer(RetryLayer::new(exact()))
+                .layer(exact())
                 .service(model),
         )
         .build()
@@ -485,7 +485,7 @@ async fn a_streamed_run_is_retried_when_nothing_went_out() {
         ScriptedTurn::text("Hello there").chunk_chars(4),
     ]);
     let agent = Agent::builder("greeter")
-        .model(tower::Layer::layer(&RetryLayer::new(exact()), model))
+        .model(tower::Layer::layer(&exact(), model))
         .build()
         .unwrap();
     let (sink, mut deltas) = DeltaSink::channel();
@@ -535,7 +535,7 @@ async fn a_tool_stack_retries_idempotent_tools_only() {
     let agent = Agent::builder("ops")
         .model(model.clone())
         .tools(ToolRouter::new().tool(lookup).tool(charge))
-        .tool_layer(RetryLayer::new(exact()))
+        .tool_layer(exact())
         .build()
         .unwrap();
     let run = agent.run("go").await.unwrap();
@@ -566,7 +566,7 @@ async fn nested_agents_draw_on_one_budget() {
         let child = Agent::builder("researcher")
             .model(
                 ServiceBuilder::new()
-                    .layer(RetryLayer::new(exact().budget(child_budget)))
+                    .layer(exact().budget(child_budget))
                     .service(ScriptedModel::new([
                         ScriptedTurn::error(ErrorKind::Unavailable, "down"),
                         ScriptedTurn::text("Paris"),
@@ -576,7 +576,7 @@ async fn nested_agents_draw_on_one_budget() {
         let parent = Agent::builder("lead")
             .model(
                 ServiceBuilder::new()
-                    .layer(RetryLayer::new(exact().budget(parent_budget)))
+                    .layer(exact().budget(parent_budget))
                     .service(ScriptedModel::new([
                         ScriptedTurn::tool_call("research", r#"{"input": "capital of France"}"#),
                         ScriptedTurn::error(ErrorKind::Unavailable, "down"),

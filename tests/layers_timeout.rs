@@ -9,8 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_agent::event::{AgentEvent, CollectingSink};
-use tower_agent::layers::retry::{Backoff, Jitter, RetryLayer, RetryPolicy};
-use tower_agent::layers::timeout::{Timeout, TimeoutLayer};
+use tower_agent::layers::retry::{Backoff, Jitter, LlmRetryLayer};
+use tower_agent::layers::timeout::{CallTimeout, CallTimeoutLayer};
+use tower_agent::error::TimeoutSource;
 use tower_agent::types::{Message, ModelRequest, ModelResponse, ToolCall};
 use tower_agent::{
     tool_fn, Agent, AgentError, BoxError, ModelCall, RunContext, RunRequest, ScriptedModel,
@@ -40,15 +41,21 @@ fn code(err: BoxError) -> &'static str {
 }
 
 #[tokio::test(start_paused = true)]
-async fn mock_times_out_an_attempt_with_elapsed() {
+async fn mock_times_out_an_attempt_with_the_call_timeout() {
     let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(TimeoutLayer::new(secs(5)));
+        mock::spawn_layer::<ModelCall, ModelResponse, _>(CallTimeoutLayer::new(secs(5)));
     assert!(svc.poll_ready().is_ready());
     let started = Instant::now();
     let response = tokio::spawn(svc.call(model_call(&RunContext::new())));
     let (_req, _send) = settle(handle.next_request()).await.unwrap();
     let err = settle(response).await.unwrap().unwrap_err();
-    assert!(err.is::<tower::timeout::error::Elapsed>());
+    assert!(matches!(
+        err.downcast_ref::<AgentError>(),
+        Some(AgentError::Timeout {
+            timer: TimeoutSource::CallTimeout,
+            after: Some(after)
+        }) if *after == secs(5)
+    ));
     assert_eq!(code(err), "TIMEOUT");
     assert_eq!(started.elapsed(), secs(5));
 }
@@ -56,7 +63,7 @@ async fn mock_times_out_an_attempt_with_elapsed() {
 #[tokio::test(start_paused = true)]
 async fn mock_takes_the_shorter_of_timeout_and_deadline() {
     let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(TimeoutLayer::new(secs(5)));
+        mock::spawn_layer::<ModelCall, ModelResponse, _>(CallTimeoutLayer::new(secs(5)));
 
     // 2 s left to the deadline: the deadline wins.
     let ctx = RunContext::builder().timeout(secs(3)).build();
@@ -87,7 +94,7 @@ async fn mock_takes_the_shorter_of_timeout_and_deadline() {
 #[tokio::test(start_paused = true)]
 async fn mock_deadline_only_waits_as_long_as_the_run_may() {
     let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(TimeoutLayer::deadline());
+        mock::spawn_layer::<ModelCall, ModelResponse, _>(CallTimeoutLayer::deadline());
     assert_eq!(svc.get_ref().timeout(), None);
 
     // No deadline: an hour-long answer arrives.
@@ -115,7 +122,7 @@ async fn mock_deadline_only_waits_as_long_as_the_run_may() {
 #[tokio::test(start_paused = true)]
 async fn mock_cancellation_ends_the_call_at_once() {
     let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(TimeoutLayer::new(secs(30)));
+        mock::spawn_layer::<ModelCall, ModelResponse, _>(CallTimeoutLayer::new(secs(30)));
     let ctx = RunContext::new();
     assert!(svc.poll_ready().is_ready());
     let started = Instant::now();
@@ -134,7 +141,7 @@ async fn mock_cancellation_ends_the_call_at_once() {
 #[tokio::test(start_paused = true)]
 async fn mock_a_cancelled_run_does_not_reach_the_service() {
     let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(TimeoutLayer::new(secs(30)));
+        mock::spawn_layer::<ModelCall, ModelResponse, _>(CallTimeoutLayer::new(secs(30)));
     let ctx = RunContext::new();
     ctx.cancel();
     assert!(svc.poll_ready().is_ready());
@@ -147,7 +154,7 @@ async fn mock_a_cancelled_run_does_not_reach_the_service() {
 #[tokio::test(start_paused = true)]
 async fn mock_passes_answers_and_errors_through_and_forwards_readiness() {
     let (mut svc, mut handle) =
-        mock::spawn_layer::<ToolInvocation, ToolOutput, _>(TimeoutLayer::new(secs(30)));
+        mock::spawn_layer::<ToolInvocation, ToolOutput, _>(CallTimeoutLayer::new(secs(30)));
     let invocation = || ToolInvocation::new(ToolCall::new("c", "t", "{}"), RunContext::new());
 
     handle.allow(0);
@@ -188,7 +195,7 @@ async fn the_inner_future_is_dropped_when_the_run_is_cancelled() {
         }
     });
     let ctx = RunContext::new();
-    let call = Timeout::deadline(slow).oneshot(model_call(&ctx));
+    let call = CallTimeout::deadline(slow).oneshot(model_call(&ctx));
     let canceller = async {
         tokio::time::sleep(secs(1)).await;
         ctx.cancel();
@@ -215,10 +222,10 @@ async fn a_full_run_times_out_one_attempt_and_retries_it() {
         ScriptedTurn::text("in time").delay(secs(1)),
     ]);
     let stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().backoff(
+        .layer(LlmRetryLayer::new().backoff(
             Backoff::new(Duration::from_millis(100), secs(1)).jitter(Jitter::None),
-        )))
-        .layer(TimeoutLayer::new(secs(5)))
+        ))
+        .layer(CallTimeoutLayer::new(secs(5)))
         .service(model);
     let agent = Agent::builder("a").model(stack).build().unwrap();
     let sink = CollectingSink::new();
@@ -240,8 +247,8 @@ async fn a_full_run_times_out_one_attempt_and_retries_it() {
 async fn a_full_run_fails_with_timeout_at_its_deadline() {
     let model = ScriptedModel::new([ScriptedTurn::text("late").delay(secs(60))]);
     let stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new()))
-        .layer(TimeoutLayer::new(secs(30)))
+        .layer(LlmRetryLayer::new())
+        .layer(CallTimeoutLayer::new(secs(30)))
         .service(model);
     let agent = Agent::builder("a").model(stack).build().unwrap();
     let sink = CollectingSink::new();
@@ -277,7 +284,7 @@ async fn a_slow_tool_times_out_and_the_model_reads_it() {
     let agent = Agent::builder("a")
         .model(model.clone())
         .tools(ToolRouter::new().tool(slow))
-        .tool_layer(TimeoutLayer::new(secs(10)))
+        .tool_layer(CallTimeoutLayer::new(secs(10)))
         .build()
         .unwrap();
     let run = agent.run("search rust").await.unwrap();
@@ -304,7 +311,7 @@ async fn cancelling_during_a_tool_call_ends_the_run_cancelled() {
     let agent = Agent::builder("a")
         .model(model)
         .tools(ToolRouter::new().tool(slow))
-        .tool_layer(TimeoutLayer::deadline())
+        .tool_layer(CallTimeoutLayer::deadline())
         .build()
         .unwrap();
     let ctx = RunContext::new();

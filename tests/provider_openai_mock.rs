@@ -347,7 +347,7 @@ async fn aimock_a_500_falls_back_to_the_backup_model() {
         let fallback = if second_service {
             FallbackLayer::new().service_as("backup-model", aimock("backup-model", &id))
         } else {
-            FallbackLayer::models(["backup-model"])
+            FallbackLayer::new().models(["backup-model"])
         };
         let model = stack(aimock("primary-model", &id), 2, fallback);
         let agent = Agent::builder("planner")

@@ -18,7 +18,8 @@ use tower::limit::ConcurrencyLimitLayer;
 use tower::load_shed::LoadShedLayer;
 use tower::timeout::TimeoutLayer;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
-use tower_agent::layers::retry::{Backoff, Jitter, RetryLayer, RetryPolicy};
+use tower_agent::layers::retry::{Backoff, Jitter, LlmRetryLayer};
+use tower_agent::error::TimeoutSource;
 use tower_agent::types::ToolCall;
 use tower_agent::{
     tool_fn, tripwire, Agent, AgentError, BoxError, ErrorKind, ProviderError, RunRequest,
@@ -80,7 +81,14 @@ async fn model_stack_timeout_elapsed_is_a_timeout() {
     let agent = Agent::builder("a").model(model).build().unwrap();
     let err = agent.run("hi").await.unwrap_err();
     assert_eq!(err.code(), "TIMEOUT");
-    assert!(matches!(err, AgentError::Timeout));
+    assert!(matches!(
+        err,
+        AgentError::Timeout {
+            timer: TimeoutSource::Tower,
+            after: None
+        }
+    ));
+    assert_eq!(err.to_string(), "timed out: a tower timeout layer fired");
 }
 
 #[tokio::test(start_paused = true)]
@@ -172,9 +180,9 @@ async fn model_stack_buffer_wrapped_failures_are_looked_through() {
 async fn our_retry_sees_through_tower_layers() {
     // A timed-out attempt (tower's Elapsed, through a Buffer) is retried.
     let model = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().backoff(
+        .layer(LlmRetryLayer::new().backoff(
             Backoff::new(Duration::from_millis(10), secs(1)).jitter(Jitter::None),
-        )))
+        ))
         .layer(BufferLayer::new(8))
         .layer(TimeoutLayer::new(secs(5)))
         .service(ScriptedModel::new([
@@ -233,7 +241,10 @@ async fn tool_stack_timeout_becomes_a_message_the_model_reads() {
     assert_eq!(run.output, "The job timed out.");
     let results = tool_results(&model, 1);
     assert_eq!(results.len(), 1);
-    assert_eq!(results[0], "The tool `work` failed: timed out");
+    assert_eq!(
+        results[0],
+        "The tool `work` failed: timed out: a tower timeout layer fired"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -9,7 +9,7 @@ use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_agent::event::{AgentEvent, CollectingSink};
 use tower_agent::layers::cache::CacheLayer;
 use tower_agent::layers::fallback::FallbackLayer;
-use tower_agent::layers::retry::{Backoff, RetryLayer, RetryPolicy};
+use tower_agent::layers::retry::{Backoff, LlmRetryLayer};
 use tower_agent::types::{Message, ModelResponse, Usage};
 use tower_agent::{
     Agent, AgentTool, BoxError, ModelCall, ProviderError, RunContext, RunRequest, ScriptedModel,
@@ -54,10 +54,10 @@ fn flaky_provider(
 async fn retry_fallback_and_cache_count_exactly() {
     let calls = Arc::new(AtomicUsize::new(0));
     let model = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3).backoff(
+        .layer(LlmRetryLayer::new().max_attempts(3).backoff(
             Backoff::new(Duration::from_millis(10), Duration::from_millis(100)),
-        )))
-        .layer(FallbackLayer::models(["backup"]))
+        ))
+        .layer(FallbackLayer::new().models(["backup"]))
         .layer(CacheLayer::new())
         .service(flaky_provider(calls.clone()));
     let agent = Agent::builder("exact")
@@ -121,7 +121,7 @@ async fn a_nested_run_through_a_cache_and_retry_rolls_up_once() {
     // The child's first attempt is rate limited (not billed), its retry
     // answers; the parent's own two turns answer at once.
     let child_model = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new()))
+        .layer(LlmRetryLayer::new())
         .service(ScriptedModel::new([
             ScriptedTurn::rate_limited(Duration::from_secs(1)),
             ScriptedTurn::text("child answer").usage(Usage::new(40, 4)),

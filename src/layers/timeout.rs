@@ -39,7 +39,7 @@
 //! let err = agent.run("Hi").await.unwrap_err();
 //! assert_eq!(err.code(), "TIMEOUT");
 //! assert!(matches!(err, AgentError::Timeout { timer: TimeoutSource::CallTimeout, .. }));
-//! assert_eq!(err.to_string(), "the call timeout fired after 20s");
+//! assert_eq!(err.to_string(), "timed out: the call timeout fired after 20s");
 //! # Ok(()) }
 //! ```
 //!

@@ -226,6 +226,29 @@ mod tests {
         assert_eq!(Bucket { level: 0, ..huge }.time_for(i128::MAX), MAX_WAIT);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_refund_credits_only_what_fit_under_the_cap() {
+        // 1,000 a minute; two calls of 400 each.
+        let mut b = bucket(1_000, 60);
+        let first = b.take(400);
+        let second = b.take(400);
+        // The level rose by other means (refill a clock step ahead of the
+        // grants' time, or a bucket another path filled): 900 of 1,000.
+        b.level = b.scaled(900);
+        // A refund of 300 fits only 100 under the cap: only 100 is credited.
+        b.refund(&first, 300, Instant::now());
+        assert_eq!(b.level, b.cap());
+        assert_eq!(b.credited, b.scaled(100));
+        // So the second call's refund is bounded by what was really given
+        // back, not by the 300 that overflowed.
+        b.level = b.scaled(200);
+        b.refund(&second, 400, Instant::now());
+        // Headroom for `second`: cap - its level after (200) - refunds since
+        // (100) = 700; all 400 come back.
+        assert_eq!(b.level, b.scaled(600));
+        assert_eq!(b.credited, b.scaled(500));
+    }
+
     #[test]
     fn the_multiply_saturates_as_i128_does() {
         let edges = [

@@ -140,3 +140,75 @@ fn every_thread_finds_the_same_state_for_a_key() {
     assert_eq!(limiter.key("third").key(), "third");
     assert!(Arc::ptr_eq(&limiter.key("third"), &limiter.key("third")));
 }
+
+#[tokio::test(start_paused = true)]
+async fn idle_keys_are_swept_and_busy_ones_kept() {
+    use super::limiter::Arrival;
+    let admit = |limiter: &Limiter, key: &str| match limiter.key(key).arrive(1, 0, Duration::ZERO) {
+        Ok(Arrival::Admitted(ticket)) => ticket,
+        _ => panic!("`{key}` has room"),
+    };
+    let config = Config {
+        default: super::Limits::new().requests(1, Duration::from_secs(1)),
+        idle_keys: 4,
+        ..Config::default()
+    };
+    let limiter = Limiter::new(config);
+    let _first = limiter.key("first");
+    // `busy` spends its second, and a call still holds its state.
+    let mut held = admit(&limiter, "busy");
+    held.sent();
+    // Three tenants' calls are given back: their buckets are full again,
+    // as a fresh key's would be.
+    for i in 0..3 {
+        drop(admit(&limiter, &format!("tenant-{i}")));
+    }
+    assert_eq!(limiter.key_count(), 5);
+
+    // The map reached its sweep mark: the next new key sweeps the idle ones.
+    let _ = limiter.key("new");
+    assert_eq!(limiter.key_count(), 3, "first, busy, new");
+
+    // Nothing holds `busy` now, but its bucket is still empty: not idle.
+    drop(held);
+    for i in 0..4 {
+        let _ = limiter.key(&format!("more-{i}"));
+    }
+    assert_eq!(limiter.key_count(), 3, "first, busy, more-3");
+    assert!(
+        limiter.key("busy").arrive(1, 0, Duration::ZERO).is_err(),
+        "the spent second is remembered"
+    );
+
+    // Once it refilled, forgetting it changes nothing: it goes too.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    for i in 0..4 {
+        let _ = limiter.key(&format!("later-{i}"));
+    }
+    assert_eq!(limiter.key_count(), 2, "first, later-3");
+    drop(admit(&limiter, "busy"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_limits_fail_every_call_with_a_config_error() {
+    let layer = ModelRateLimitLayer::new().requests(0, Duration::from_secs(60));
+    assert_eq!(layer.validate().unwrap_err().code(), "INVALID_CONFIG");
+    let model = ScriptedModel::from_fn(|_| ScriptedTurn::text("ok"));
+    let mut service = layer.layer(model.clone());
+    for _ in 0..2 {
+        let err = service
+            .ready()
+            .await
+            .unwrap()
+            .call(call("m"))
+            .await
+            .unwrap_err();
+        let err = crate::AgentError::classify(err);
+        assert_eq!(err.code(), "INVALID_CONFIG");
+        assert!(err.to_string().contains("above zero"), "{err}");
+    }
+    assert!(model.requests().is_empty());
+    // A setter gives the layer a quota of its own, checked again.
+    let fixed = layer.requests(1, Duration::from_secs(60));
+    assert!(fixed.validate().is_ok());
+}
