@@ -121,10 +121,7 @@ fn layers(c: &mut Criterion) {
             .service(model.clone())
             .map_err(BoxError::from)
     );
-    bench!(
-        "retry",
-        LlmRetryLayer::new().layer(model.clone())
-    );
+    bench!("retry", LlmRetryLayer::new().layer(model.clone()));
     bench!(
         "pii_short_clean_message",
         MaskPiiLayer::default().layer(model.clone())

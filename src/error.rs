@@ -48,6 +48,11 @@ use serde_json::Value;
 
 use crate::types::AgentRun;
 
+mod timeout;
+
+pub use timeout::TimeoutSource;
+use timeout::TimeoutText;
+
 /// The error type of services and layers: what tower's own layers use.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
@@ -302,66 +307,6 @@ impl fmt::Display for RateLimited {
 }
 
 impl StdError for RateLimited {}
-
-/// Which deadline ended a call or a run: the `timer` of
-/// [`AgentError::Timeout`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum TimeoutSource {
-    /// The run's deadline ([`RunContext::deadline`](crate::RunContext::deadline)),
-    /// in the run loop or a layer bounded by it; `after` is how long the run
-    /// had been going.
-    RunDeadline,
-    /// The per-call timeout of a
-    /// [`CallTimeoutLayer`](crate::layers::timeout::CallTimeoutLayer) on a
-    /// model stack.
-    CallTimeout,
-    /// A tool call's timeout: a
-    /// [`CallTimeoutLayer`](crate::layers::timeout::CallTimeoutLayer) on a
-    /// tool stack, or a tool's own.
-    Tool,
-    /// The provider's own timeout (its HTTP client's).
-    Provider,
-    /// tower's own `TimeoutLayer` (`tower::timeout::error::Elapsed`, which
-    /// does not say after how long).
-    Tower,
-}
-
-impl TimeoutSource {
-    /// What fired, as the error's text says it: e.g. `the call timeout`.
-    pub const fn describe(self) -> &'static str {
-        match self {
-            TimeoutSource::RunDeadline => "the run's deadline",
-            TimeoutSource::CallTimeout => "the call timeout",
-            TimeoutSource::Tool => "the tool call timeout",
-            TimeoutSource::Provider => "the provider's timeout",
-            TimeoutSource::Tower => "a tower timeout layer",
-        }
-    }
-}
-
-impl fmt::Display for TimeoutSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.describe())
-    }
-}
-
-/// The text of [`AgentError::Timeout`].
-struct TimeoutText(TimeoutSource, Option<Duration>);
-
-impl fmt::Display for TimeoutText {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let verb = match self.0 {
-            TimeoutSource::RunDeadline => "passed",
-            _ => "fired",
-        };
-        write!(f, "timed out: {} {verb}", self.0)?;
-        if let Some(after) = self.1 {
-            write!(f, " after {after:?}")?;
-        }
-        Ok(())
-    }
-}
 
 /// The error of a run, and of anything the run classifies.
 #[derive(Debug, thiserror::Error)]
@@ -652,68 +597,4 @@ pub fn retry_after(err: &(dyn StdError + 'static)) -> Option<Duration> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn classifies_tower_errors_through_wrappers() {
-        let overloaded: BoxError = Box::new(tower::load_shed::error::Overloaded::new());
-        assert_eq!(
-            AgentError::classify(overloaded).code(),
-            "PROVIDER_UNAVAILABLE"
-        );
-
-        let agent: BoxError = Box::new(tripwire("no"));
-        assert_eq!(AgentError::classify(agent).code(), "GUARDRAIL_TRIPPED");
-
-        let limited: BoxError = Box::new(ProviderError::rate_limited(
-            "slow down",
-            Some(Duration::from_secs(3)),
-        ));
-        let err = AgentError::classify(limited);
-        assert_eq!(err.kind(), ErrorKind::RateLimited);
-        assert!(
-            matches!(&err, AgentError::Provider(p) if p.retry_after_hint() == Some(Duration::from_secs(3)))
-        );
-
-        let other: BoxError = "boom".into();
-        let err = AgentError::classify(other);
-        assert_eq!(err.code(), "INTERNAL");
-        assert_eq!(err.to_string(), "boom");
-    }
-
-    #[test]
-    fn a_local_rate_limit_classifies_with_its_retry_after() {
-        let limited: BoxError = Box::new(Wrapper(Box::new(RateLimited::new(
-            "gpt-4o",
-            Duration::from_secs(7),
-        ))));
-        assert_eq!(kind_of(limited.as_ref()), ErrorKind::RateLimited);
-        assert_eq!(retry_after(limited.as_ref()), Some(Duration::from_secs(7)));
-        let err = AgentError::classify(limited);
-        assert_eq!(err.code(), "RATE_LIMITED");
-        assert!(
-            matches!(&err, AgentError::Provider(p) if p.retry_after_hint() == Some(Duration::from_secs(7)))
-        );
-    }
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("wrapped")]
-    struct Wrapper(#[source] BoxError);
-
-    #[test]
-    fn looks_through_wrapping_errors() {
-        let inner: BoxError = Box::new(tower::timeout::error::Elapsed::new());
-        let wrapped: BoxError = Box::new(Wrapper(inner));
-        assert_eq!(kind_of(wrapped.as_ref()), ErrorKind::Timeout);
-        assert_eq!(AgentError::classify(wrapped).kind(), ErrorKind::Timeout);
-
-        let quota: BoxError = Box::new(Wrapper(Box::new(ProviderError::new(
-            ErrorKind::QuotaExhausted,
-            "no credit",
-        ))));
-        let err = AgentError::classify(quota);
-        assert_eq!(err.code(), "QUOTA_EXHAUSTED");
-        assert!(!err.kind().is_retryable());
-    }
-}
+mod tests;

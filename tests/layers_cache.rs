@@ -577,7 +577,9 @@ impl CacheStore for ReadsNow {
 async fn a_store_that_writes_from_a_future_still_caches_the_miss() {
     let (model, calls) = counting_model();
     let store = MemoryStore::default();
-    let mut cache = CacheLayer::new().store(ReadsNow(store.clone())).layer(model);
+    let mut cache = CacheLayer::new()
+        .store(ReadsNow(store.clone()))
+        .layer(model);
     assert_eq!(
         ask(&mut cache, request("hi")).await.message.text(),
         "answer 1"

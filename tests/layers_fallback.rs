@@ -12,7 +12,7 @@ use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 use tower_agent::event::{AgentEvent, CollectingSink};
 use tower_agent::layers::fallback::error::FallbackExhausted;
 use tower_agent::layers::fallback::{Fallback, FallbackLayer, Target};
-use tower_agent::layers::retry::{Backoff, Jitter, RetryBudget, LlmRetryLayer};
+use tower_agent::layers::retry::{Backoff, Jitter, LlmRetryLayer, RetryBudget};
 use tower_agent::lifecycle::{Hook, HookSet, LifecycleLayer, Middleware, MiddlewareStack};
 use tower_agent::types::{Message, ModelDelta, ModelRequest, ModelResponse, Usage};
 use tower_agent::{

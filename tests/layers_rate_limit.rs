@@ -65,8 +65,7 @@ where
 
 #[tokio::test(start_paused = true)]
 async fn calls_over_the_request_limit_wait_for_their_turn() {
-    let layer = ModelRateLimitLayer::new()
-        .requests(2, Duration::from_secs(10));
+    let layer = ModelRateLimitLayer::new().requests(2, Duration::from_secs(10));
     let (mut service, mut handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(layer);
     let start = Instant::now();
 
@@ -186,8 +185,7 @@ async fn a_call_that_would_wait_longer_than_max_wait_fails_at_once() {
     let ctx = RunContext::builder()
         .timeout(Duration::from_secs(5))
         .build();
-    let layer = ModelRateLimitLayer::new()
-        .requests(1, MINUTE);
+    let layer = ModelRateLimitLayer::new().requests(1, MINUTE);
     let mut service = layer.layer(ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")));
     call(&mut service, request("m", "a"), ctx.clone())
         .await
@@ -313,8 +311,7 @@ async fn a_failed_call_keeps_its_reservation() {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_dropped_while_waiting_gives_its_reservation_back() {
-    let layer = ModelRateLimitLayer::new()
-        .requests(1, Duration::from_secs(10));
+    let layer = ModelRateLimitLayer::new().requests(1, Duration::from_secs(10));
     let mut service = layer.layer(ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")));
     call(&mut service, request("m", "a"), RunContext::new())
         .await

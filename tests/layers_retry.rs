@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use tower::retry::budget::Budget;
 use tower::{service_fn, Service, ServiceBuilder};
 use tower_agent::event::{AgentEvent, CollectingSink};
-use tower_agent::layers::retry::{Backoff, Jitter, RetryBudget, LlmRetryLayer};
+use tower_agent::layers::retry::{Backoff, Jitter, LlmRetryLayer, RetryBudget};
 use tower_agent::types::{Message, ModelDelta, ModelRequest, ModelResponse, ToolCall, Usage};
 use tower_agent::{
     tool_fn, tripwire, Agent, AgentError, AgentTool, BoxError, DeltaSink, ErrorKind, ModelCall,
@@ -95,8 +95,7 @@ async fn answer_error(handle: &mut ModelMock, err: impl Into<BoxError>) -> Model
 
 #[tokio::test(start_paused = true)]
 async fn mock_retries_a_provider_error_then_answers() {
-    let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
+    let (mut svc, mut handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
     let (ctx, sink) = traced();
     assert!(svc.poll_ready().is_ready());
     let started = tokio::time::Instant::now();
@@ -144,8 +143,7 @@ async fn mock_never_retries_what_another_call_cannot_fix() {
         ("a bug".into(), "INTERNAL"),
     ];
     for (error, code) in fatal {
-        let (mut svc, mut handle) =
-            mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
+        let (mut svc, mut handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
         let (ctx, sink) = traced();
         assert!(svc.poll_ready().is_ready());
         let response = tokio::spawn(svc.call(model_call(&ctx)));
@@ -224,8 +222,7 @@ async fn mock_honours_retry_after_up_to_the_max_wait() {
 
 #[tokio::test(start_paused = true)]
 async fn mock_does_not_wait_past_the_deadline_or_after_cancellation() {
-    let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
+    let (mut svc, mut handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
 
     let ctx = RunContext::builder().timeout(ms(150)).build();
     tokio::time::advance(ms(60)).await;
@@ -251,8 +248,7 @@ async fn mock_does_not_wait_past_the_deadline_or_after_cancellation() {
 
 #[tokio::test(start_paused = true)]
 async fn mock_replays_a_streamed_call_only_before_its_first_delta() {
-    let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
+    let (mut svc, mut handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
     let (sink, mut deltas) = DeltaSink::channel();
 
     // Fails before streaming anything: retried.
@@ -291,8 +287,7 @@ async fn mock_replays_a_streamed_call_only_before_its_first_delta() {
 
 #[tokio::test(start_paused = true)]
 async fn mock_retries_only_idempotent_tool_calls() {
-    let (mut svc, mut handle) =
-        mock::spawn_layer::<ToolInvocation, ToolOutput, _>(exact());
+    let (mut svc, mut handle) = mock::spawn_layer::<ToolInvocation, ToolOutput, _>(exact());
     let invocation = |idempotent| {
         let mut inv = ToolInvocation::new(ToolCall::new("c1", "lookup", "{}"), RunContext::new());
         inv.idempotent = idempotent;
@@ -319,8 +314,7 @@ async fn mock_retries_only_idempotent_tool_calls() {
 
 #[tokio::test(start_paused = true)]
 async fn mock_forwards_readiness() {
-    let (mut svc, mut handle) =
-        mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
+    let (mut svc, mut handle) = mock::spawn_layer::<ModelCall, ModelResponse, _>(exact());
     handle.allow(0);
     assert!(svc.poll_ready().is_pending());
     handle.allow(1);
@@ -448,11 +442,7 @@ fn breaks_mid_stream() -> (
 async fn a_streamed_run_is_not_replayed_after_text_went_out() {
     let (model, calls) = breaks_mid_stream();
     let agent = Agent::builder("geo")
-        .model(
-            ServiceBuilder::new()
-                .layer(exact())
-                .service(model),
-        )
+        .model(ServiceBuilder::new().layer(exact()).service(model))
         .build()
         .unwrap();
     let (sink, mut deltas) = DeltaSink::channel();
@@ -467,11 +457,7 @@ async fn a_streamed_run_is_not_replayed_after_text_went_out() {
     // Without a stream nothing went out, so the same failure is retried.
     let (model, calls) = breaks_mid_stream();
     let agent = Agent::builder("geo")
-        .model(
-            ServiceBuilder::new()
-                .layer(exact())
-                .service(model),
-        )
+        .model(ServiceBuilder::new().layer(exact()).service(model))
         .build()
         .unwrap();
     assert_eq!(agent.run("Capital?").await.unwrap().output, "Paris");

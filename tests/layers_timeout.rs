@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower_agent::error::TimeoutSource;
 use tower_agent::event::{AgentEvent, CollectingSink};
 use tower_agent::layers::retry::{Backoff, Jitter, LlmRetryLayer};
 use tower_agent::layers::timeout::{CallTimeout, CallTimeoutLayer};
-use tower_agent::error::TimeoutSource;
 use tower_agent::types::{Message, ModelRequest, ModelResponse, ToolCall};
 use tower_agent::{
     tool_fn, Agent, AgentError, BoxError, ModelCall, RunContext, RunRequest, ScriptedModel,
@@ -222,9 +222,10 @@ async fn a_full_run_times_out_one_attempt_and_retries_it() {
         ScriptedTurn::text("in time").delay(secs(1)),
     ]);
     let stack = ServiceBuilder::new()
-        .layer(LlmRetryLayer::new().backoff(
-            Backoff::new(Duration::from_millis(100), secs(1)).jitter(Jitter::None),
-        ))
+        .layer(
+            LlmRetryLayer::new()
+                .backoff(Backoff::new(Duration::from_millis(100), secs(1)).jitter(Jitter::None)),
+        )
         .layer(CallTimeoutLayer::new(secs(5)))
         .service(model);
     let agent = Agent::builder("a").model(stack).build().unwrap();

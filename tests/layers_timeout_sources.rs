@@ -46,7 +46,10 @@ async fn the_loop_names_the_runs_deadline_and_the_runs_age() {
         .unwrap_err();
     assert_eq!(err.code(), "TIMEOUT");
     assert_eq!(timer(&err), (TimeoutSource::RunDeadline, Some(secs(10))));
-    assert_eq!(err.to_string(), "timed out: the run's deadline passed after 10s");
+    assert_eq!(
+        err.to_string(),
+        "timed out: the run's deadline passed after 10s"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -75,7 +78,10 @@ async fn a_layers_own_timeout_names_the_call_timeout() {
         .await
         .unwrap_err();
     assert_eq!(timer(&err), (TimeoutSource::CallTimeout, Some(secs(30))));
-    assert_eq!(err.to_string(), "timed out: the call timeout fired after 30s");
+    assert_eq!(
+        err.to_string(),
+        "timed out: the call timeout fired after 30s"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -92,7 +98,10 @@ async fn on_a_tool_stack_the_layer_names_the_tool_timeout() {
         .unwrap_err();
     let err = AgentError::classify(err);
     assert_eq!(timer(&err), (TimeoutSource::Tool, Some(secs(2))));
-    assert_eq!(err.to_string(), "timed out: the tool call timeout fired after 2s");
+    assert_eq!(
+        err.to_string(),
+        "timed out: the tool call timeout fired after 2s"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -104,7 +113,10 @@ async fn a_providers_timeout_names_the_provider() {
     ));
     let err = AgentError::classify(said);
     assert_eq!(timer(&err), (TimeoutSource::Provider, Some(secs(60))));
-    assert_eq!(err.to_string(), "timed out: the provider's timeout fired after 60s");
+    assert_eq!(
+        err.to_string(),
+        "timed out: the provider's timeout fired after 60s"
+    );
     assert_eq!(err.code(), "TIMEOUT");
 
     // One that does not, in a full run.
@@ -119,7 +131,10 @@ async fn a_providers_timeout_names_the_provider() {
 #[tokio::test(start_paused = true)]
 async fn towers_own_timeout_names_tower() {
     let model = tower::timeout::TimeoutLayer::new(secs(5)).layer(slow_model());
-    let err = model.oneshot(model_call(&RunContext::new())).await.unwrap_err();
+    let err = model
+        .oneshot(model_call(&RunContext::new()))
+        .await
+        .unwrap_err();
     let err = AgentError::classify(err);
     assert_eq!(timer(&err), (TimeoutSource::Tower, None));
     assert!(err.kind().is_retryable());

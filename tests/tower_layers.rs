@@ -18,8 +18,8 @@ use tower::limit::ConcurrencyLimitLayer;
 use tower::load_shed::LoadShedLayer;
 use tower::timeout::TimeoutLayer;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
-use tower_agent::layers::retry::{Backoff, Jitter, LlmRetryLayer};
 use tower_agent::error::TimeoutSource;
+use tower_agent::layers::retry::{Backoff, Jitter, LlmRetryLayer};
 use tower_agent::types::ToolCall;
 use tower_agent::{
     tool_fn, tripwire, Agent, AgentError, BoxError, ErrorKind, ProviderError, RunRequest,
@@ -180,9 +180,10 @@ async fn model_stack_buffer_wrapped_failures_are_looked_through() {
 async fn our_retry_sees_through_tower_layers() {
     // A timed-out attempt (tower's Elapsed, through a Buffer) is retried.
     let model = ServiceBuilder::new()
-        .layer(LlmRetryLayer::new().backoff(
-            Backoff::new(Duration::from_millis(10), secs(1)).jitter(Jitter::None),
-        ))
+        .layer(
+            LlmRetryLayer::new()
+                .backoff(Backoff::new(Duration::from_millis(10), secs(1)).jitter(Jitter::None)),
+        )
         .layer(BufferLayer::new(8))
         .layer(TimeoutLayer::new(secs(5)))
         .service(ScriptedModel::new([

@@ -54,9 +54,10 @@ fn flaky_provider(
 async fn retry_fallback_and_cache_count_exactly() {
     let calls = Arc::new(AtomicUsize::new(0));
     let model = ServiceBuilder::new()
-        .layer(LlmRetryLayer::new().max_attempts(3).backoff(
-            Backoff::new(Duration::from_millis(10), Duration::from_millis(100)),
-        ))
+        .layer(LlmRetryLayer::new().max_attempts(3).backoff(Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(100),
+        )))
         .layer(FallbackLayer::new().models(["backup"]))
         .layer(CacheLayer::new())
         .service(flaky_provider(calls.clone()));
@@ -120,12 +121,13 @@ async fn retry_fallback_and_cache_count_exactly() {
 async fn a_nested_run_through_a_cache_and_retry_rolls_up_once() {
     // The child's first attempt is rate limited (not billed), its retry
     // answers; the parent's own two turns answer at once.
-    let child_model = ServiceBuilder::new()
-        .layer(LlmRetryLayer::new())
-        .service(ScriptedModel::new([
-            ScriptedTurn::rate_limited(Duration::from_secs(1)),
-            ScriptedTurn::text("child answer").usage(Usage::new(40, 4)),
-        ]));
+    let child_model =
+        ServiceBuilder::new()
+            .layer(LlmRetryLayer::new())
+            .service(ScriptedModel::new([
+                ScriptedTurn::rate_limited(Duration::from_secs(1)),
+                ScriptedTurn::text("child answer").usage(Usage::new(40, 4)),
+            ]));
     let child = Agent::builder("child").model(child_model).build().unwrap();
     let parent = Agent::builder("parent")
         .model(

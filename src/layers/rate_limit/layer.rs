@@ -1,14 +1,13 @@
 //! [`ModelRateLimitLayer`]: the layer, its own builder.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tower::Layer;
 
-use super::limiter::{EstimateFn, KeyFn, Limiter};
-use super::limits::Limits;
+use super::limiter::Limiter;
+use super::limits::{Config, Limits};
 use super::{ModelRateLimit, Slot};
 use crate::error::AgentError;
 use crate::request::ModelCall;
@@ -33,61 +32,6 @@ pub struct ModelRateLimitLayer {
     /// The quota, made (and the limits checked) once, when the first
     /// service is built; shared by every clone made since the last setter.
     limiter: Arc<OnceLock<Result<Arc<Limiter>, Arc<str>>>>,
-}
-
-/// What the setters configure.
-#[derive(Clone)]
-pub(super) struct Config {
-    pub(super) default: Limits,
-    pub(super) per_key: HashMap<String, Limits>,
-    pub(super) max_wait: Duration,
-    pub(super) fixed_key: Option<String>,
-    pub(super) key_fn: Option<Arc<KeyFn>>,
-    pub(super) estimate: Option<Arc<EstimateFn>>,
-    pub(super) default_output_tokens: u64,
-    pub(super) idle_keys: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            default: Limits::new(),
-            per_key: HashMap::new(),
-            max_wait: Duration::from_secs(30),
-            fixed_key: None,
-            key_fn: None,
-            estimate: None,
-            default_output_tokens: 1024,
-            idle_keys: 1024,
-        }
-    }
-}
-
-impl Config {
-    fn check(&self) -> Result<(), String> {
-        if !self.default.is_valid() {
-            return Err("rate limit: amounts and intervals must be above zero".into());
-        }
-        if let Some((key, _)) = self.per_key.iter().find(|(_, l)| !l.is_valid()) {
-            return Err(format!(
-                "rate limit of `{key}`: amounts and intervals must be above zero"
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("default", &self.default)
-            .field("per_key", &self.per_key)
-            .field("max_wait", &self.max_wait)
-            .field("fixed_key", &self.fixed_key)
-            .field("default_output_tokens", &self.default_output_tokens)
-            .field("idle_keys", &self.idle_keys)
-            .finish_non_exhaustive()
-    }
 }
 
 impl ModelRateLimitLayer {

@@ -27,8 +27,7 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
 use super::bucket::{Bucket, Grant};
-use super::layer::Config;
-use super::limits::Limits;
+use super::limits::{Config, EstimateFn, KeyFn, Limits};
 use crate::request::ModelCall;
 use crate::types::ModelRequest;
 
@@ -284,10 +283,6 @@ impl KeyShared {
         }
     }
 }
-
-/// How a call's key and token estimate are found.
-pub(super) type KeyFn = dyn Fn(&ModelCall) -> String + Send + Sync;
-pub(super) type EstimateFn = dyn Fn(&ModelRequest) -> u64 + Send + Sync;
 
 /// The configuration and the state every clone of a layer and of its
 /// services shares.

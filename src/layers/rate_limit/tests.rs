@@ -11,7 +11,7 @@ use futures::FutureExt;
 use tower::{Layer, Service, ServiceExt};
 use tower_test::mock;
 
-use super::layer::Config;
+use super::limits::Config;
 use super::limiter::Limiter;
 use super::{ModelRateLimitLayer, RateLimited};
 use crate::types::{Message, ModelRequest, ModelResponse, Usage};

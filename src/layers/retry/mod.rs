@@ -170,12 +170,10 @@ impl<S> LlmRetry<S> {
         }
     }
 
-    inner_accessors!(
-        S,
-        |s| s.inner.get_ref().0,
-        |s| s.inner.get_mut().0,
-        |s| s.inner.into_inner().0
-    );
+    inner_accessors!(S, |s| s.inner.get_ref().0, |s| s.inner.get_mut().0, |s| s
+        .inner
+        .into_inner()
+        .0);
 }
 
 impl<S: fmt::Debug> fmt::Debug for LlmRetry<S> {
