@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 /// Which deadline ended a call or a run: the `timer` of
-/// [`AgentError::Timeout`].
+/// [`AgentError::Timeout`](super::AgentError::Timeout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum TimeoutSource {

@@ -11,8 +11,8 @@ use futures::FutureExt;
 use tower::{Layer, Service, ServiceExt};
 use tower_test::mock;
 
-use super::limits::Config;
 use super::limiter::Limiter;
+use super::limits::Config;
 use super::{ModelRateLimitLayer, RateLimited};
 use crate::types::{Message, ModelRequest, ModelResponse, Usage};
 use crate::{BoxError, ModelCall, RunContext, ScriptedModel, ScriptedTurn};
