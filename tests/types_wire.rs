@@ -61,8 +61,8 @@ fn the_history_digest_is_stable_across_copies() {
 #[test]
 fn a_model_name_is_written_as_a_plain_string() {
     use std::sync::Arc;
-    use tower_agent::types::ModelResponse;
     use tower_agent::event::AgentEvent;
+    use tower_agent::types::ModelResponse;
 
     let response = ModelResponse::new("gpt-x", Message::assistant("hi"));
     let wire = serde_json::to_value(&response).unwrap();
