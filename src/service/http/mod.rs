@@ -3,9 +3,8 @@
 //! events, classifying failures into [`ErrorKind`](crate::ErrorKind)s,
 //! recording usage and tracing.
 //!
-//! A provider brings only its wire format (a [`Format`]: the request body,
-//! the whole-body parser and the stream [`Decoder`]); everything else is
-//! here:
+//! A provider brings only its wire format (the request body, the
+//! whole-body parser and the stream decoder); everything else is here:
 //!
 //! - [`error`]: the table from HTTP status and body to error kind,
 //!   `Retry-After`, transport failures, and [`BrokenResponse`] for an answer
