@@ -8,6 +8,12 @@
 //! thread is truncated back to its length, keeping its incremental digests.
 //! (Rebuilding a 10,000-message history per iteration would measure the
 //! allocator's clean-up of the previous one, not the turn.)
+//!
+//! `caller_keeps_the_thread` continues a 100,000-message thread two ways:
+//! `handed_over` gives the run the only handle (the baseline), `kept` gives
+//! it a clone while the caller keeps its own, as a server holding a thread
+//! in a map does. Appending to the shared thread must not copy it, so the
+//! two should cost the same.
 
 use std::cell::RefCell;
 
@@ -65,5 +71,45 @@ fn history(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, history);
+fn caller_keeps_the_thread(c: &mut Criterion) {
+    const LEN: usize = 100_000;
+    let rt = common::runtime();
+    let model = ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")).record(false);
+    let agent = Agent::builder("bench")
+        .instructions(INSTRUCTIONS)
+        .model(common::default_stack(model, false))
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("caller_keeps_the_thread");
+    let mut n = 0u64;
+    let handed = RefCell::new(thread(LEN));
+    group.bench_function(BenchmarkId::new("handed_over", LEN), |b| {
+        b.to_async(&rt).iter(|| {
+            n += 1;
+            let request = RunRequest::new(format!("and now? ({n})")).history(handed.take());
+            let agent = agent.clone();
+            let handed = &handed;
+            async move {
+                let mut messages = agent.oneshot(request).await.unwrap().messages;
+                messages.truncate(LEN);
+                *handed.borrow_mut() = messages;
+            }
+        });
+    });
+    let kept = thread(LEN);
+    group.bench_function(BenchmarkId::new("kept", LEN), |b| {
+        b.to_async(&rt).iter(|| {
+            n += 1;
+            let request = RunRequest::new(format!("and now? ({n})")).history(kept.clone());
+            let agent = agent.clone();
+            async move {
+                let run = agent.oneshot(request).await.unwrap();
+                assert_eq!(run.messages.len(), LEN + 2);
+            }
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, history, caller_keeps_the_thread);
 criterion_main!(benches);

@@ -25,7 +25,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::types::{FinishReason, Usage};
+use crate::types::{FinishReason, ModelName, Usage};
 
 /// Something that happened in a run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -159,9 +159,9 @@ pub enum AgentEvent {
         /// The run.
         run_id: Arc<str>,
         /// The model that failed.
-        from: String,
+        from: ModelName,
         /// The model tried next.
-        to: String,
+        to: ModelName,
         /// The failure's code.
         code: &'static str,
     },

@@ -47,7 +47,7 @@ fn switches(sink: &CollectingSink) -> Vec<(String, String, &'static str)> {
     sink.events()
         .into_iter()
         .filter_map(|e| match e {
-            AgentEvent::FallbackUsed { from, to, code, .. } => Some((from, to, code)),
+            AgentEvent::FallbackUsed { from, to, code, .. } => Some((from.into(), to.into(), code)),
             _ => None,
         })
         .collect()

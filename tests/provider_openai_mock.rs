@@ -159,7 +159,7 @@ impl Observed {
             .iter()
             .filter_map(|e| match e {
                 AgentEvent::FallbackUsed { from, to, code, .. } => {
-                    Some((from.clone(), to.clone(), *code))
+                    Some((from.to_string(), to.to_string(), *code))
                 }
                 _ => None,
             })

@@ -57,3 +57,26 @@ fn the_history_digest_is_stable_across_copies() {
     assert!(!History::ptr_eq(&a, &b));
     assert_eq!(a.digest(), b.digest());
 }
+
+#[test]
+fn a_model_name_is_written_as_a_plain_string() {
+    use std::sync::Arc;
+    use tower_agent::event::AgentEvent;
+    use tower_agent::types::ModelResponse;
+
+    let response = ModelResponse::new("gpt-x", Message::assistant("hi"));
+    let wire = serde_json::to_value(&response).unwrap();
+    assert_eq!(wire["model"], json!("gpt-x"));
+    let back: ModelResponse = serde_json::from_value(wire).unwrap();
+    assert_eq!(back.model, "gpt-x");
+
+    let event = AgentEvent::FallbackUsed {
+        run_id: Arc::from("r"),
+        from: "a".into(),
+        to: "b".into(),
+        code: "PROVIDER_UNAVAILABLE",
+    };
+    let wire = serde_json::to_value(&event).unwrap();
+    assert_eq!(wire["from"], json!("a"));
+    assert_eq!(wire["to"], json!("b"));
+}

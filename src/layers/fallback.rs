@@ -241,7 +241,7 @@ fn label(model: &str) -> String {
 
 fn answered(mut response: ModelResponse, sent: &str) -> ModelResponse {
     if response.model.is_empty() {
-        sent.clone_into(&mut response.model);
+        response.model = sent.into();
     }
     response
 }
@@ -328,8 +328,8 @@ where
             tracing::debug!(%from, %to, code, error = %err, "falling back");
             ctx.emit(|| AgentEvent::FallbackUsed {
                 run_id: ctx.run_id().clone(),
-                from: from.clone(),
-                to,
+                from: from.as_str().into(),
+                to: to.into(),
                 code,
             });
             attempts.push(FallbackAttempt::new(from, err));

@@ -12,6 +12,8 @@ mod agent_tool;
 #[cfg(feature = "openai")]
 pub mod anthropic;
 #[cfg(feature = "openai")]
+pub mod http;
+#[cfg(feature = "openai")]
 pub mod openai;
 mod router;
 mod scripted;

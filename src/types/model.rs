@@ -148,7 +148,7 @@ pub struct ModelResponse {
     /// Why the model stopped.
     pub finish_reason: FinishReason,
     /// The model that answered (after any fallback).
-    pub model: String,
+    pub model: ModelName,
     /// Whether `usage` was already recorded into the run's ledger.
     ///
     /// The point of the model stack that reaches the backend records usage
@@ -163,7 +163,7 @@ pub struct ModelResponse {
 
 impl ModelResponse {
     /// A response carrying `message` from `model`, with no usage.
-    pub fn new(model: impl Into<String>, message: Message) -> Self {
+    pub fn new(model: impl Into<ModelName>, message: Message) -> Self {
         let finish_reason = if message.tool_calls.is_empty() {
             FinishReason::Stop
         } else {

@@ -124,3 +124,9 @@ impl PartialEq<ModelName> for &str {
         **self == *other.0
     }
 }
+
+impl PartialEq<ModelName> for String {
+    fn eq(&self, other: &ModelName) -> bool {
+        **self == *other.0
+    }
+}

@@ -96,7 +96,10 @@ impl Middleware for UsageAccountingMiddleware {
         let mut totals = self.totals.lock().unwrap_or_else(PoisonError::into_inner);
         totals.usage += response.usage;
         totals.responses += 1;
-        *totals.by_model.entry(response.model.clone()).or_default() += response.usage;
+        *totals
+            .by_model
+            .entry(response.model.to_string())
+            .or_default() += response.usage;
         Hook::ok(())
     }
 }

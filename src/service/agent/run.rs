@@ -405,7 +405,7 @@ impl Run {
         ctx.emit(|| AgentEvent::ModelCallCompleted {
             run_id: ctx.run_id().clone(),
             iteration: turn,
-            model: response.model.clone(),
+            model: response.model.to_string(),
             usage: response.usage,
             finish_reason: Some(response.finish_reason.clone()),
             error: None,

@@ -1,8 +1,9 @@
 //! [`AnthropicMessages`]: Anthropic's Messages API as a model service.
 //!
 //! It is a `Service<ModelCall, Response = ModelResponse, Error = BoxError>`
-//! like [`OpenAiChat`](crate::service::openai::OpenAiChat), with the same
-//! error mapping (see [`openai::error`](crate::service::openai::error);
+//! like [`OpenAiChat`](crate::service::openai::OpenAiChat), over the same
+//! [`http`](crate::service::http) transport: the same error mapping (see
+//! [`http::error`](crate::service::http::error);
 //! Anthropic's 529 `overloaded_error` is `PROVIDER_UNAVAILABLE`), the same
 //! usage recording and tracing, tools and streaming:
 //!
@@ -56,7 +57,7 @@
 //! among the answer's tool calls as `index`. The answer is complete at
 //! `message_stop`; a stream that ends before, or breaks, fails as
 //! `PROVIDER_UNAVAILABLE` with a
-//! [`BrokenResponse`](crate::service::openai::BrokenResponse) source, exactly
+//! [`BrokenResponse`](crate::service::http::BrokenResponse) source, exactly
 //! as for OpenAI.
 
 mod stream;
@@ -64,18 +65,17 @@ mod wire;
 
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
-use tower::Service;
+use http::{HeaderMap, HeaderValue};
 
 pub use self::stream::fuzz_anthropic_stream;
 use self::stream::EventAccumulator;
 use self::wire::{MessagesRequest, MessagesResponse};
-use crate::error::{AgentError, BoxError};
+use crate::error::AgentError;
 use crate::request::ModelCall;
-use crate::service::openai::{Endpoint, Format, DEFAULT_MAX_RESPONSE_BYTES};
+use crate::service::http::{
+    env_var, http_builder_setters, http_model_service, Format, HttpModel, HttpOptions,
+};
 use crate::types::ModelResponse;
 
 /// The API version sent as `anthropic-version` by default.
@@ -89,13 +89,7 @@ pub const DEFAULT_VERSION: &str = "2023-06-01";
 /// Cheap: clones share the HTTP client and the configuration.
 #[derive(Clone)]
 pub struct AnthropicMessages {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    endpoint: Endpoint,
-    model: String,
-    max_tokens: u32,
+    inner: Arc<HttpModel<AnthropicFormat>>,
 }
 
 impl AnthropicMessages {
@@ -104,16 +98,9 @@ impl AnthropicMessages {
     /// `/messages` when the URL already ends in `/v1`).
     pub fn builder(base_url: impl Into<String>) -> AnthropicMessagesBuilder {
         AnthropicMessagesBuilder {
-            base_url: base_url.into(),
-            api_key: None,
+            http: HttpOptions::new(base_url.into()),
             version: DEFAULT_VERSION.to_owned(),
-            model: String::new(),
-            max_tokens: 4096,
-            headers: HeaderMap::new(),
-            header_error: None,
-            timeout: None,
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-            client: None,
+            format: AnthropicFormat { max_tokens: 4096 },
         }
     }
 
@@ -125,73 +112,61 @@ impl AnthropicMessages {
     ///
     /// `Some(Err(_))` with [`AgentError::Config`] when the URL is not valid.
     pub fn from_env() -> Option<Result<AnthropicMessages, AgentError>> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        let base = var("ANTHROPIC_BASE_URL");
-        let key = var("ANTHROPIC_API_KEY");
+        let base = env_var("ANTHROPIC_BASE_URL");
+        let key = env_var("ANTHROPIC_API_KEY");
         if base.is_none() && key.is_none() {
             return None;
         }
         let mut builder = AnthropicMessages::builder(
             base.unwrap_or_else(|| "https://api.anthropic.com".to_owned()),
         );
-        if let Some(key) = key {
-            builder = builder.api_key(key);
-        }
-        if let Some(model) = var("ANTHROPIC_MODEL") {
-            builder = builder.model(model);
-        }
+        builder.http.api_key = key;
+        builder.http.model = env_var("ANTHROPIC_MODEL").unwrap_or_default();
         Some(builder.build())
     }
 
     /// The URL calls are posted to.
     pub fn url(&self) -> &str {
-        self.inner.endpoint.url()
+        self.inner.url()
     }
 
     /// The model asked for when a request names none.
     pub fn default_model(&self) -> &str {
-        &self.inner.model
+        self.inner.default_model()
     }
 }
 
 impl fmt::Debug for AnthropicMessages {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AnthropicMessages")
-            .field("url", &self.inner.endpoint.url())
-            .field("model", &self.inner.model)
-            .field("max_tokens", &self.inner.max_tokens)
+            .field("url", &self.inner.url())
+            .field("model", &self.inner.default_model())
+            .field("max_tokens", &self.inner.format().max_tokens)
             .finish_non_exhaustive()
     }
 }
 
 /// Builds an [`AnthropicMessages`]. See [`AnthropicMessages::builder`].
 pub struct AnthropicMessagesBuilder {
-    base_url: String,
-    api_key: Option<String>,
+    http: HttpOptions,
     version: String,
-    model: String,
-    max_tokens: u32,
-    headers: HeaderMap,
-    header_error: Option<String>,
-    timeout: Option<Duration>,
-    max_response_bytes: usize,
-    client: Option<reqwest::Client>,
+    format: AnthropicFormat,
 }
 
 impl fmt::Debug for AnthropicMessagesBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AnthropicMessagesBuilder")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("model", &self.model)
-            .finish_non_exhaustive()
+        let mut f = f.debug_struct("AnthropicMessagesBuilder");
+        self.http.debug_fields(&mut f);
+        f.finish_non_exhaustive()
     }
 }
 
 impl AnthropicMessagesBuilder {
+    http_builder_setters!();
+
     /// The API key, sent as `x-api-key`.
     pub fn api_key(mut self, key: impl Into<String>) -> Self {
-        self.api_key = Some(key.into());
+        self.http.api_key = Some(key.into());
         self
     }
 
@@ -201,51 +176,10 @@ impl AnthropicMessagesBuilder {
         self
     }
 
-    /// The model asked for when a request names none.
-    pub fn model(mut self, model: impl Into<String>) -> Self {
-        self.model = model.into();
-        self
-    }
-
     /// `max_tokens` when the request sets none (the API requires one;
     /// default 4096).
     pub fn max_tokens(mut self, max_tokens: u32) -> Self {
-        self.max_tokens = max_tokens;
-        self
-    }
-
-    /// A header sent with every request (`anthropic-beta`, a gateway's
-    /// key). An invalid name or value fails [`build`](Self::build).
-    pub fn header(mut self, name: impl AsRef<str>, value: impl AsRef<str>) -> Self {
-        match (
-            HeaderName::from_bytes(name.as_ref().as_bytes()),
-            HeaderValue::from_str(value.as_ref()),
-        ) {
-            (Ok(name), Ok(value)) => {
-                self.headers.append(name, value);
-            }
-            (Err(e), _) => self.header_error = Some(e.to_string()),
-            (_, Err(e)) => self.header_error = Some(e.to_string()),
-        }
-        self
-    }
-
-    /// The most one call may take, body included. The run's deadline, when
-    /// shorter, wins. No limit by default.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// The largest response read, streamed or not (default 16 MiB).
-    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.max_response_bytes = bytes;
-        self
-    }
-
-    /// The HTTP client to use. By default a new one.
-    pub fn client(mut self, client: reqwest::Client) -> Self {
-        self.client = Some(client);
+        self.format.max_tokens = max_tokens;
         self
     }
 
@@ -256,83 +190,49 @@ impl AnthropicMessagesBuilder {
     /// [`AgentError::Config`] when the base URL, the key, the version or a
     /// header is invalid, or the HTTP client cannot be built.
     pub fn build(self) -> Result<AnthropicMessages, AgentError> {
-        if let Some(err) = self.header_error {
-            return Err(AgentError::Config(format!("invalid header: {err}")));
-        }
-        let invalid = |what: &str| AgentError::Config(format!("the {what} is not a valid header"));
-        let mut headers = self.headers;
-        headers.insert(
-            "anthropic-version",
-            HeaderValue::from_str(&self.version).map_err(|_| invalid("version"))?,
-        );
-        if let Some(key) = &self.api_key {
-            let mut value = HeaderValue::from_str(key).map_err(|_| invalid("API key"))?;
-            value.set_sensitive(true);
+        self.http.check()?;
+        let mut headers = HeaderMap::new();
+        let version = HeaderValue::from_str(&self.version)
+            .map_err(|_| AgentError::Config("the version is not a valid header".into()))?;
+        headers.insert("anthropic-version", version);
+        if let Some(value) = self.http.key_header("")? {
             headers.insert("x-api-key", value);
         }
-        let path = if self.base_url.trim().trim_end_matches('/').ends_with("/v1") {
+        let path = if self
+            .http
+            .base_url
+            .trim()
+            .trim_end_matches('/')
+            .ends_with("/v1")
+        {
             "/messages"
         } else {
             "/v1/messages"
         };
-        let endpoint = Endpoint::new(
-            &self.base_url,
-            path,
-            headers,
-            self.timeout,
-            self.max_response_bytes,
-            self.client,
-        )?;
+        let model = HttpModel::new(self.http, path, headers, self.format)?;
         Ok(AnthropicMessages {
-            inner: Arc::new(Inner {
-                endpoint,
-                model: self.model,
-                max_tokens: self.max_tokens,
-            }),
+            inner: Arc::new(model),
         })
     }
 }
 
-/// The future of an [`AnthropicMessages`] call.
-pub type ResponseFuture = crate::future::BoxResponseFuture<ModelResponse>;
+http_model_service!(AnthropicMessages);
 
-impl Service<ModelCall> for AnthropicMessages {
-    type Response = ModelResponse;
-    type Error = BoxError;
-    type Future = ResponseFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, call: ModelCall) -> ResponseFuture {
-        let inner = self.inner.clone();
-        ResponseFuture::new(async move {
-            let model = if call.request.model.is_empty() {
-                inner.model.clone()
-            } else {
-                call.request.model.to_string()
-            };
-            let body = MessagesRequest::new(
-                &call.request,
-                &model,
-                inner.max_tokens,
-                call.stream.is_some(),
-            );
-            let body = serde_json::to_vec(&body)?;
-            inner
-                .endpoint
-                .call("anthropic", &model, body, &call, AnthropicFormat)
-                .await
-        })
-    }
+/// The Messages wire format and its settings.
+struct AnthropicFormat {
+    max_tokens: u32,
 }
-
-/// How Messages bodies are read.
-struct AnthropicFormat;
 
 impl Format for AnthropicFormat {
     type Decoder = EventAccumulator;
+
+    const PROVIDER: &'static str = "anthropic";
+
+    fn body(&self, call: &ModelCall, model: &str) -> serde_json::Result<Vec<u8>> {
+        let body =
+            MessagesRequest::new(&call.request, model, self.max_tokens, call.stream.is_some());
+        serde_json::to_vec(&body)
+    }
 
     fn decoder(&self, model: &str) -> EventAccumulator {
         EventAccumulator::new(model)

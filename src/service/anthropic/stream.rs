@@ -14,11 +14,11 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::wire::{finish_reason, WireUsage};
+use super::wire::{finish_reason, ContentBlock as StartBlock, WireUsage};
 use crate::error::ProviderError;
 use crate::request::DeltaSink;
-use crate::service::openai::error::{broken, classify_event};
-use crate::service::openai::{assistant, Decoder, Flow};
+use crate::service::http::error::classify_event;
+use crate::service::http::{response, Decoder, Deltas, Flow};
 use crate::types::{ModelDelta, ModelResponse, ToolCall, Usage};
 
 #[derive(Debug, Deserialize)]
@@ -43,20 +43,6 @@ struct StartMessage {
     model: Option<String>,
     #[serde(default)]
     usage: Option<WireUsage>,
-}
-
-#[derive(Debug, Deserialize)]
-struct StartBlock {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: Option<String>,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    input: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -95,7 +81,7 @@ pub(crate) struct EventAccumulator {
     calls: Vec<ToolCall>,
     stop_reason: Option<String>,
     usage: Option<WireUsage>,
-    deltas_sent: usize,
+    deltas: Deltas,
 }
 
 impl EventAccumulator {
@@ -108,21 +94,14 @@ impl EventAccumulator {
             calls: Vec::new(),
             stop_reason: None,
             usage: None,
-            deltas_sent: 0,
-        }
-    }
-
-    fn send(&mut self, sink: Option<&DeltaSink>, delta: ModelDelta) {
-        if let Some(sink) = sink {
-            sink.send(&delta);
-            self.deltas_sent += 1;
+            deltas: Deltas::default(),
         }
     }
 
     fn text(&mut self, text: String, sink: Option<&DeltaSink>) {
         if !text.is_empty() {
             self.text.push_str(&text);
-            self.send(sink, ModelDelta::Text { text });
+            self.deltas.send(sink, ModelDelta::Text { text });
         }
     }
 
@@ -135,7 +114,7 @@ impl EventAccumulator {
     }
 
     fn malformed(&self, detail: impl Into<String>) -> ProviderError {
-        broken(detail, self.deltas_sent)
+        self.deltas.broken(detail)
     }
 
     fn start_block(&mut self, index: u64, block: StartBlock, sink: Option<&DeltaSink>) {
@@ -150,7 +129,7 @@ impl EventAccumulator {
                 let id = block.id.unwrap_or_default();
                 let name = block.name.unwrap_or_default();
                 self.calls.push(ToolCall::new(id.clone(), name.clone(), ""));
-                self.send(
+                self.deltas.send(
                     sink,
                     ModelDelta::ToolCall {
                         index: ordinal,
@@ -197,7 +176,7 @@ impl EventAccumulator {
             (Some("text_delta"), Target::Text) => self.text(delta.text.unwrap_or_default(), sink),
             (Some("thinking_delta"), Target::Thinking) => {
                 if let Some(text) = delta.thinking.filter(|t| !t.is_empty()) {
-                    self.send(sink, ModelDelta::Reasoning { text });
+                    self.deltas.send(sink, ModelDelta::Reasoning { text });
                 }
             }
             (Some("input_json_delta"), Target::Tool(ordinal)) => {
@@ -208,18 +187,7 @@ impl EventAccumulator {
                 if let Some(Block::Tool { streamed, .. }) = self.blocks.get_mut(&index) {
                     *streamed = true;
                 }
-                if let Some(call) = self.calls.get_mut(ordinal) {
-                    call.arguments.push_str(&piece);
-                }
-                self.send(
-                    sink,
-                    ModelDelta::ToolCall {
-                        index: ordinal,
-                        id: None,
-                        name: None,
-                        arguments: piece,
-                    },
-                );
+                self.arguments(ordinal, piece, sink);
             }
             (Some("text_delta" | "input_json_delta" | "thinking_delta"), _) => {
                 return Err(self.malformed(format!("a delta does not fit content block {index}")));
@@ -251,16 +219,21 @@ impl EventAccumulator {
             Some(input @ Value::Object(_)) => input.to_string(),
             _ => "{}".to_owned(),
         };
+        self.arguments(ordinal, arguments, sink);
+    }
+
+    /// Appends a piece of tool call `ordinal`'s arguments, and sends it.
+    fn arguments(&mut self, ordinal: usize, piece: String, sink: Option<&DeltaSink>) {
         if let Some(call) = self.calls.get_mut(ordinal) {
-            call.arguments.clone_from(&arguments);
+            call.arguments.push_str(&piece);
         }
-        self.send(
+        self.deltas.send(
             sink,
             ModelDelta::ToolCall {
                 index: ordinal,
                 id: None,
                 name: None,
-                arguments,
+                arguments: piece,
             },
         );
     }
@@ -281,7 +254,7 @@ impl Decoder for EventAccumulator {
             .unwrap_or(event)
             .to_owned();
         if kind == "error" {
-            return Err(classify_event(&value, self.deltas_sent));
+            return Err(classify_event(&value, self.deltas.sent()));
         }
         let parsed: Event = serde_json::from_value(value)
             .map_err(|e| self.malformed(format!("a `{kind}` event has the wrong shape: {e}")))?;
@@ -343,18 +316,23 @@ impl Decoder for EventAccumulator {
             return Err(self.malformed(format!("tool call {at} has no name")));
         }
         let finish = finish_reason(self.stop_reason.as_deref(), !self.calls.is_empty());
-        let mut response = ModelResponse::new(self.model, assistant(self.text, self.calls));
-        response.finish_reason = finish;
-        response.usage = self.usage.as_ref().map(Usage::from).unwrap_or_default();
-        Ok(response)
+        let usage = self.usage.as_ref().map(Usage::from).unwrap_or_default();
+        Ok(response(
+            None,
+            &self.model,
+            self.text,
+            self.calls,
+            finish,
+            usage,
+        ))
     }
 
     fn usage(&self) -> Option<Usage> {
         self.usage.as_ref().map(Usage::from)
     }
 
-    fn deltas_sent(&self) -> usize {
-        self.deltas_sent
+    fn deltas(&self) -> &Deltas {
+        &self.deltas
     }
 }
 
@@ -364,14 +342,14 @@ impl Decoder for EventAccumulator {
 /// invariant breaks; no input may make it panic otherwise.
 #[doc(hidden)]
 pub fn fuzz_anthropic_stream(data: &[u8]) {
-    crate::service::openai::fuzz_one(data, || EventAccumulator::new("fuzz"));
+    crate::service::http::fuzz_one(data, || EventAccumulator::new("fuzz"));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::error::ErrorKind;
-    use crate::service::openai::{decode_chunks, split};
+    use crate::service::http::{check_deltas, decode_collect, split};
     use crate::types::FinishReason;
 
     const STREAM: &str = concat!(
@@ -403,14 +381,7 @@ mod tests {
     );
 
     fn decode(chunks: &[&[u8]]) -> (Result<ModelResponse, ProviderError>, Vec<ModelDelta>) {
-        let (sink, mut rx) = DeltaSink::channel();
-        let result = decode_chunks(chunks, EventAccumulator::new("asked"), Some(&sink), 1 << 20)
-            .map_err(|f| f.error);
-        let mut deltas = Vec::new();
-        while let Ok(d) = rx.try_recv() {
-            deltas.push(d);
-        }
-        (result, deltas)
+        decode_collect(chunks, EventAccumulator::new("asked"))
     }
 
     #[test]
@@ -437,7 +408,7 @@ mod tests {
             }
         );
         assert_eq!(deltas.len(), 7);
-        crate::service::openai::check_deltas(&response, &deltas);
+        check_deltas(&response, &deltas);
     }
 
     #[test]

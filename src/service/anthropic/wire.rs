@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::service::openai::{assistant, tokens};
+use crate::service::http::{response, tokens};
 use crate::types::{
     ContentPart, FinishReason, MessageContent, ModelRequest, ModelResponse, ResponseFormat, Role,
     ToolCall, ToolSpec, Usage,
@@ -273,18 +273,20 @@ pub(crate) struct MessagesResponse {
     usage: Option<WireUsage>,
 }
 
+/// A content block of a response, or the block a stream's
+/// `content_block_start` opens.
 #[derive(Debug, Deserialize)]
-struct ContentBlock {
+pub(crate) struct ContentBlock {
     #[serde(rename = "type")]
-    kind: String,
+    pub(crate) kind: String,
     #[serde(default)]
-    text: Option<String>,
+    pub(crate) text: Option<String>,
     #[serde(default)]
-    id: Option<String>,
+    pub(crate) id: Option<String>,
     #[serde(default)]
-    name: Option<String>,
+    pub(crate) name: Option<String>,
     #[serde(default)]
-    input: Option<Value>,
+    pub(crate) input: Option<Value>,
 }
 
 impl MessagesResponse {
@@ -312,14 +314,8 @@ impl MessagesResponse {
             }
         }
         let finish = finish_reason(self.stop_reason.as_deref(), !tool_calls.is_empty());
-        let model = match self.model {
-            Some(m) if !m.is_empty() => m,
-            _ => model.to_owned(),
-        };
-        let mut response = ModelResponse::new(model, assistant(text, tool_calls));
-        response.finish_reason = finish;
-        response.usage = self.usage.as_ref().map(Usage::from).unwrap_or_default();
-        Ok(response)
+        let usage = self.usage.as_ref().map(Usage::from).unwrap_or_default();
+        Ok(response(self.model, model, text, tool_calls, finish, usage))
     }
 }
 

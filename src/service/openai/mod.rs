@@ -79,8 +79,9 @@
 //!
 //! # Errors
 //!
-//! See the [`error`] module for the table from HTTP status and
-//! body to [`ErrorKind`](crate::ErrorKind), `Retry-After` included.
+//! See the [`http::error`](crate::service::http::error) module for the
+//! table from HTTP status and body to [`ErrorKind`](crate::ErrorKind),
+//! `Retry-After` included.
 //!
 //! # Usage
 //!
@@ -97,37 +98,26 @@
 //! `gen_ai.usage.output_tokens`, `gen_ai.response.finish_reasons` and, on
 //! failure, `error.type`.
 
-pub mod error;
-mod http_call;
-mod sse;
 mod stream;
 mod wire;
 
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
-use tower::Service;
+use http::HeaderMap;
 
-pub use self::error::BrokenResponse;
-pub(crate) use self::http_call::{Endpoint, Format};
-#[cfg(test)]
-pub(crate) use self::sse::{check_deltas, decode_chunks, split};
-pub(crate) use self::sse::{fuzz_one, Decoder, Flow};
 pub use self::stream::fuzz_openai_stream;
 use self::stream::ChunkAccumulator;
-pub(crate) use self::wire::{assistant, tokens};
 use self::wire::{ChatCompletion, ChatRequest, MaxTokensField};
-use crate::error::{AgentError, BoxError};
+use crate::error::AgentError;
 use crate::request::ModelCall;
+pub use crate::service::http::BrokenResponse;
+use crate::service::http::{
+    env_var, http_builder_setters, http_model_service, Format, HttpModel, HttpOptions,
+};
 #[cfg(doc)]
 use crate::types::ModelDelta;
 use crate::types::ModelResponse;
-
-/// The default limit on the size of one response, streamed or not.
-pub(crate) const DEFAULT_MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
 /// The OpenAI chat-completions protocol as a model service. See the
 /// [module docs](self).
@@ -138,14 +128,7 @@ pub(crate) const DEFAULT_MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 /// configuration.
 #[derive(Clone)]
 pub struct OpenAiChat {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    endpoint: Endpoint,
-    model: String,
-    max_tokens_field: MaxTokensField,
-    include_usage: bool,
+    inner: Arc<HttpModel<OpenAiFormat>>,
 }
 
 impl OpenAiChat {
@@ -153,16 +136,11 @@ impl OpenAiChat {
     /// `https://api.openai.com/v1`; `/chat/completions` is appended).
     pub fn builder(base_url: impl Into<String>) -> OpenAiChatBuilder {
         OpenAiChatBuilder {
-            base_url: base_url.into(),
-            api_key: None,
-            model: String::new(),
-            headers: HeaderMap::new(),
-            header_error: None,
-            timeout: None,
-            max_tokens_field: MaxTokensField::MaxTokens,
-            include_usage: true,
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-            client: None,
+            http: HttpOptions::new(base_url.into()),
+            format: OpenAiFormat {
+                max_tokens_field: MaxTokensField::MaxTokens,
+                include_usage: true,
+            },
         }
     }
 
@@ -174,109 +152,59 @@ impl OpenAiChat {
     ///
     /// `Some(Err(_))` with [`AgentError::Config`] when the URL is not valid.
     pub fn from_env() -> Option<Result<OpenAiChat, AgentError>> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        let mut builder = OpenAiChat::builder(var("OPENAI_BASE_URL")?);
-        if let Some(key) = var("OPENAI_API_KEY") {
-            builder = builder.api_key(key);
-        }
-        if let Some(model) = var("OPENAI_MODEL") {
-            builder = builder.model(model);
-        }
+        let mut builder = OpenAiChat::builder(env_var("OPENAI_BASE_URL")?);
+        builder.http.api_key = env_var("OPENAI_API_KEY");
+        builder.http.model = env_var("OPENAI_MODEL").unwrap_or_default();
         Some(builder.build())
     }
 
     /// The URL calls are posted to.
     pub fn url(&self) -> &str {
-        self.inner.endpoint.url()
+        self.inner.url()
     }
 
     /// The model asked for when a request names none.
     pub fn default_model(&self) -> &str {
-        &self.inner.model
+        self.inner.default_model()
     }
 }
 
 impl fmt::Debug for OpenAiChat {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiChat")
-            .field("url", &self.inner.endpoint.url())
-            .field("model", &self.inner.model)
+            .field("url", &self.inner.url())
+            .field("model", &self.inner.default_model())
             .finish_non_exhaustive()
     }
 }
 
 /// Builds an [`OpenAiChat`]. See [`OpenAiChat::builder`].
 pub struct OpenAiChatBuilder {
-    base_url: String,
-    api_key: Option<String>,
-    model: String,
-    headers: HeaderMap,
-    header_error: Option<String>,
-    timeout: Option<Duration>,
-    max_tokens_field: MaxTokensField,
-    include_usage: bool,
-    max_response_bytes: usize,
-    client: Option<reqwest::Client>,
+    http: HttpOptions,
+    format: OpenAiFormat,
 }
 
 impl fmt::Debug for OpenAiChatBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OpenAiChatBuilder")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("model", &self.model)
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
+        let mut f = f.debug_struct("OpenAiChatBuilder");
+        self.http.debug_fields(&mut f);
+        f.finish_non_exhaustive()
     }
 }
 
 impl OpenAiChatBuilder {
+    http_builder_setters!();
+
     /// The API key, sent as `Authorization: Bearer <key>`.
     pub fn api_key(mut self, key: impl Into<String>) -> Self {
-        self.api_key = Some(key.into());
-        self
-    }
-
-    /// The model asked for when a request names none (the agent's
-    /// `model_name` is empty by default).
-    pub fn model(mut self, model: impl Into<String>) -> Self {
-        self.model = model.into();
-        self
-    }
-
-    /// A header sent with every request (an organization, a project, a
-    /// gateway's routing key). An invalid name or value fails
-    /// [`build`](Self::build).
-    pub fn header(mut self, name: impl AsRef<str>, value: impl AsRef<str>) -> Self {
-        let name = HeaderName::from_bytes(name.as_ref().as_bytes());
-        let value = HeaderValue::from_str(value.as_ref());
-        match (name, value) {
-            (Ok(name), Ok(value)) => {
-                self.headers.append(name, value);
-            }
-            (Err(e), _) => self.header_error = Some(e.to_string()),
-            (_, Err(e)) => self.header_error = Some(e.to_string()),
-        }
-        self
-    }
-
-    /// Headers sent with every request.
-    pub fn headers(mut self, headers: HeaderMap) -> Self {
-        self.headers.extend(headers);
-        self
-    }
-
-    /// The most one call may take, body included. The run's deadline, when
-    /// shorter, wins. No limit by default.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
+        self.http.api_key = Some(key.into());
         self
     }
 
     /// Sends `max_completion_tokens` instead of `max_tokens` (OpenAI's
     /// reasoning models require it; other servers read `max_tokens`).
     pub fn max_completion_tokens(mut self, yes: bool) -> Self {
-        self.max_tokens_field = if yes {
+        self.format.max_tokens_field = if yes {
             MaxTokensField::MaxCompletionTokens
         } else {
             MaxTokensField::MaxTokens
@@ -288,21 +216,7 @@ impl OpenAiChatBuilder {
     /// (`stream_options.include_usage`, default `true`). Turn it off for a
     /// server that refuses the option.
     pub fn include_usage(mut self, yes: bool) -> Self {
-        self.include_usage = yes;
-        self
-    }
-
-    /// The largest response read, streamed or not (default 16 MiB); past it
-    /// the call fails as `PROVIDER_UNAVAILABLE`.
-    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.max_response_bytes = bytes;
-        self
-    }
-
-    /// The HTTP client to use (for proxies, TLS roots, pools). By default a
-    /// new one.
-    pub fn client(mut self, client: reqwest::Client) -> Self {
-        self.client = Some(client);
+        self.format.include_usage = yes;
         self
     }
 
@@ -313,78 +227,40 @@ impl OpenAiChatBuilder {
     /// [`AgentError::Config`] when the base URL or a header is invalid, or
     /// the HTTP client cannot be built.
     pub fn build(self) -> Result<OpenAiChat, AgentError> {
-        if let Some(err) = self.header_error {
-            return Err(AgentError::Config(format!("invalid header: {err}")));
-        }
-        let mut headers = self.headers;
-        if let Some(key) = &self.api_key {
-            let mut value = HeaderValue::from_str(&format!("Bearer {key}"))
-                .map_err(|_| AgentError::Config("the API key is not a valid header".into()))?;
-            value.set_sensitive(true);
+        let mut headers = HeaderMap::new();
+        if let Some(value) = self.http.key_header("Bearer ")? {
             headers.insert(http::header::AUTHORIZATION, value);
         }
-        let endpoint = Endpoint::new(
-            &self.base_url,
-            "/chat/completions",
-            headers,
-            self.timeout,
-            self.max_response_bytes,
-            self.client,
-        )?;
+        let model = HttpModel::new(self.http, "/chat/completions", headers, self.format)?;
         Ok(OpenAiChat {
-            inner: Arc::new(Inner {
-                endpoint,
-                model: self.model,
-                max_tokens_field: self.max_tokens_field,
-                include_usage: self.include_usage,
-            }),
+            inner: Arc::new(model),
         })
     }
 }
 
-/// The future of an [`OpenAiChat`] call.
-pub type ResponseFuture = crate::future::BoxResponseFuture<ModelResponse>;
+http_model_service!(OpenAiChat);
 
-impl Service<ModelCall> for OpenAiChat {
-    type Response = ModelResponse;
-    type Error = BoxError;
-    type Future = ResponseFuture;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        // The HTTP client queues; limit concurrency with a layer.
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, call: ModelCall) -> ResponseFuture {
-        let inner = self.inner.clone();
-        ResponseFuture::new(async move {
-            let model = if call.request.model.is_empty() {
-                inner.model.clone()
-            } else {
-                call.request.model.to_string()
-            };
-            let streamed = call.stream.is_some();
-            let body = ChatRequest::new(
-                &call.request,
-                &model,
-                streamed,
-                inner.include_usage,
-                inner.max_tokens_field,
-            );
-            let body = serde_json::to_vec(&body)?;
-            inner
-                .endpoint
-                .call("openai", &model, body, &call, OpenAiFormat)
-                .await
-        })
-    }
+/// The chat-completions wire format and its settings.
+struct OpenAiFormat {
+    max_tokens_field: MaxTokensField,
+    include_usage: bool,
 }
-
-/// How chat-completions bodies are read.
-struct OpenAiFormat;
 
 impl Format for OpenAiFormat {
     type Decoder = ChunkAccumulator;
+
+    const PROVIDER: &'static str = "openai";
+
+    fn body(&self, call: &ModelCall, model: &str) -> serde_json::Result<Vec<u8>> {
+        let body = ChatRequest::new(
+            &call.request,
+            model,
+            call.stream.is_some(),
+            self.include_usage,
+            self.max_tokens_field,
+        );
+        serde_json::to_vec(&body)
+    }
 
     fn decoder(&self, model: &str) -> ChunkAccumulator {
         ChunkAccumulator::new(model)

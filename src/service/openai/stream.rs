@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::error::{broken, classify_event};
-use super::sse::{Decoder, Flow};
-use super::wire::{arguments_text, assistant, finish_reason, WireUsage};
+use super::wire::{arguments_text, finish_reason, WireUsage};
 use crate::error::ProviderError;
 use crate::request::DeltaSink;
+use crate::service::http::error::classify_event;
+use crate::service::http::{response, Decoder, Deltas, Flow};
 use crate::types::{ModelDelta, ModelResponse, ToolCall, Usage};
 
 #[derive(Debug, Deserialize)]
@@ -84,7 +84,7 @@ pub(crate) struct ChunkAccumulator {
     last_call: Option<usize>,
     finish: Option<String>,
     usage: Option<Usage>,
-    deltas_sent: usize,
+    deltas: Deltas,
 }
 
 impl ChunkAccumulator {
@@ -98,14 +98,7 @@ impl ChunkAccumulator {
             last_call: None,
             finish: None,
             usage: None,
-            deltas_sent: 0,
-        }
-    }
-
-    fn send(&mut self, sink: Option<&DeltaSink>, delta: ModelDelta) {
-        if let Some(sink) = sink {
-            sink.send(&delta);
-            self.deltas_sent += 1;
+            deltas: Deltas::default(),
         }
     }
 
@@ -143,7 +136,7 @@ impl ChunkAccumulator {
         }
         call.arguments.push_str(&arguments);
         if id.is_some() || name.is_some() || !arguments.is_empty() {
-            self.send(
+            self.deltas.send(
                 sink,
                 ModelDelta::ToolCall {
                     index,
@@ -170,14 +163,17 @@ impl Decoder for ChunkAccumulator {
         if data.is_empty() {
             return Ok(Flow::More);
         }
-        let sent = self.deltas_sent;
-        let value: Value = serde_json::from_str(data)
-            .map_err(|e| broken(format!("a stream chunk is not JSON: {e}"), sent))?;
+        let value: Value = serde_json::from_str(data).map_err(|e| {
+            self.deltas
+                .broken(format!("a stream chunk is not JSON: {e}"))
+        })?;
         if event == "error" || value.get("error").is_some_and(|e| !e.is_null()) {
-            return Err(classify_event(&value, sent));
+            return Err(classify_event(&value, self.deltas.sent()));
         }
-        let chunk: Chunk = serde_json::from_value(value)
-            .map_err(|e| broken(format!("a stream chunk has the wrong shape: {e}"), sent))?;
+        let chunk: Chunk = serde_json::from_value(value).map_err(|e| {
+            self.deltas
+                .broken(format!("a stream chunk has the wrong shape: {e}"))
+        })?;
         debug_assert!(chunk.error.is_none());
         if let Some(model) = chunk.model.filter(|m| !m.is_empty()) {
             self.model = model;
@@ -192,12 +188,12 @@ impl Decoder for ChunkAccumulator {
             let delta = choice.delta.unwrap_or_default();
             if let Some(text) = delta.reasoning_content.or(delta.reasoning) {
                 if !text.is_empty() {
-                    self.send(sink, ModelDelta::Reasoning { text });
+                    self.deltas.send(sink, ModelDelta::Reasoning { text });
                 }
             }
             if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
                 self.text.push_str(&text);
-                self.send(sink, ModelDelta::Text { text });
+                self.deltas.send(sink, ModelDelta::Text { text });
             }
             if let Some(text) = delta.refusal.filter(|t| !t.is_empty()) {
                 self.refusal.push_str(&text);
@@ -217,7 +213,7 @@ impl Decoder for ChunkAccumulator {
         for (index, call) in self.calls {
             if call.name.is_empty() {
                 let detail = format!("the tool call at index {index} has no name");
-                return Err(broken(detail, self.deltas_sent));
+                return Err(self.deltas.broken(detail));
             }
             tool_calls.push(ToolCall {
                 id: call.id,
@@ -231,35 +227,33 @@ impl Decoder for ChunkAccumulator {
             self.text
         };
         let finish = finish_reason(self.finish.as_deref(), !tool_calls.is_empty());
-        let mut response = ModelResponse::new(self.model, assistant(text, tool_calls));
-        response.finish_reason = finish;
-        response.usage = self.usage.unwrap_or_default();
-        Ok(response)
+        let usage = self.usage.unwrap_or_default();
+        Ok(response(None, &self.model, text, tool_calls, finish, usage))
     }
 
     fn usage(&self) -> Option<Usage> {
         self.usage
     }
 
-    fn deltas_sent(&self) -> usize {
-        self.deltas_sent
+    fn deltas(&self) -> &Deltas {
+        &self.deltas
     }
 }
 
-/// Fuzzing entry: decodes `data` as a chat-completions stream (its first 8
-/// bytes choose the chunk boundaries) and checks that any chunking gives the
-/// same outcome and that the deltas add up to the answer. Panics only when
-/// an invariant breaks; no input may make it panic otherwise.
+/// Fuzzing entry of the chat-completions decoder: `data`'s first 8 bytes
+/// choose where the rest is cut; any chunking must give the same outcome,
+/// with deltas that add up to the answer. No input may make it panic
+/// otherwise.
 #[doc(hidden)]
 pub fn fuzz_openai_stream(data: &[u8]) {
-    super::sse::fuzz_one(data, || ChunkAccumulator::new("fuzz"));
+    crate::service::http::fuzz_one(data, || ChunkAccumulator::new("fuzz"));
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::sse::{decode_chunks, split};
     use super::*;
     use crate::error::ErrorKind;
+    use crate::service::http::{decode_chunks, decode_collect, split};
     use crate::types::FinishReason;
 
     const TOOL_STREAM: &str = concat!(
@@ -277,14 +271,7 @@ mod tests {
     );
 
     fn decode(chunks: &[&[u8]]) -> (Result<ModelResponse, ProviderError>, Vec<ModelDelta>) {
-        let (sink, mut rx) = DeltaSink::channel();
-        let result = decode_chunks(chunks, ChunkAccumulator::new("asked"), Some(&sink), 1 << 20)
-            .map_err(|f| f.error);
-        let mut deltas = Vec::new();
-        while let Ok(d) = rx.try_recv() {
-            deltas.push(d);
-        }
-        (result, deltas)
+        decode_collect(chunks, ChunkAccumulator::new("asked"))
     }
 
     #[test]
@@ -342,7 +329,8 @@ mod tests {
         let early = &TOOL_STREAM.as_bytes()[..300];
         let failed =
             decode_chunks(&[early], ChunkAccumulator::new("m"), Some(&sink), 1 << 20).unwrap_err();
-        let broken = crate::error::find::<super::super::BrokenResponse>(&failed.error).unwrap();
+        let broken =
+            crate::error::find::<crate::service::http::BrokenResponse>(&failed.error).unwrap();
         assert!(broken.deltas_sent() > 0);
         assert_eq!(failed.usage, None);
     }

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::service::http::{response, tokens};
 use crate::types::{
     FinishReason, Message, ModelRequest, ModelResponse, ResponseFormat, ToolCall, ToolSpec, Usage,
 };
@@ -135,15 +136,6 @@ struct CompletionDetails {
     reasoning_tokens: Option<u64>,
 }
 
-/// The most tokens one count may claim: larger is no token count, and is
-/// clamped so that summing a run's usage cannot overflow.
-pub(crate) const MAX_TOKENS: u64 = 1 << 40;
-
-/// A token count from the wire: absent is zero, absurd is clamped.
-pub(crate) fn tokens(count: Option<u64>) -> u64 {
-    count.unwrap_or(0).min(MAX_TOKENS)
-}
-
 impl From<&WireUsage> for Usage {
     fn from(wire: &WireUsage) -> Self {
         Usage {
@@ -244,15 +236,6 @@ pub(crate) fn finish_reason(reason: Option<&str>, has_tool_calls: bool) -> Finis
     }
 }
 
-/// The assistant message of text (possibly empty) and tool calls.
-pub(crate) fn assistant(text: String, tool_calls: Vec<ToolCall>) -> Message {
-    let mut message = Message::assistant_tool_calls(tool_calls);
-    if !text.is_empty() || message.tool_calls.is_empty() {
-        message.set_text(text);
-    }
-    message
-}
-
 impl ChatCompletion {
     /// The response, reported as from `model` when the body names none.
     /// `Err` carries what is wrong with the body.
@@ -277,20 +260,15 @@ impl ChatCompletion {
             .or(message.refusal)
             .unwrap_or_default();
         let finish = finish_reason(choice.finish_reason.as_deref(), !tool_calls.is_empty());
-        let model = match self.model {
-            Some(m) if !m.is_empty() => m,
-            _ => model.to_owned(),
-        };
-        let mut response = ModelResponse::new(model, assistant(text, tool_calls));
-        response.finish_reason = finish;
-        response.usage = self.usage.as_ref().map(Usage::from).unwrap_or_default();
-        Ok(response)
+        let usage = self.usage.as_ref().map(Usage::from).unwrap_or_default();
+        Ok(response(self.model, model, text, tool_calls, finish, usage))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::http::MAX_TOKENS;
     use crate::types::{ModelSettings, Role};
     use serde_json::json;
 

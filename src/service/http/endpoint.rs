@@ -1,6 +1,7 @@
 //! One model call over HTTP, shared by both providers: send, classify the
 //! status, read JSON or server-sent events, record usage, trace.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -9,15 +10,24 @@ use http::HeaderMap;
 use tracing::{field, Instrument};
 
 use super::error::{broken, classify_http, transport, MAX_ERROR_BODY};
+use super::options::HttpOptions;
 use super::sse::{decode, Decoder, Failed};
 use crate::error::{AgentError, BoxError, ProviderError};
+use crate::future::BoxResponseFuture;
 use crate::request::{DeltaSink, ModelCall};
 use crate::types::{ModelDelta, ModelResponse};
 
-/// How a provider's bodies are read.
-pub(crate) trait Format {
+/// A provider's wire format: how its requests are written and its answers
+/// read.
+pub(crate) trait Format: Send + Sync + 'static {
     /// The stream decoder.
-    type Decoder: Decoder;
+    type Decoder: Decoder + Send;
+
+    /// The provider's name in traces (`gen_ai.provider.name`).
+    const PROVIDER: &'static str;
+
+    /// The JSON body of `call`, asking `model`.
+    fn body(&self, call: &ModelCall, model: &str) -> serde_json::Result<Vec<u8>>;
 
     /// A decoder for an answer asked of `model`.
     fn decoder(&self, model: &str) -> Self::Decoder;
@@ -26,8 +36,74 @@ pub(crate) trait Format {
     fn parse(&self, body: &[u8], model: &str) -> Result<ModelResponse, String>;
 }
 
+/// A model service over HTTP in the wire format `F`: what a provider's
+/// service holds behind its `Arc`.
+pub(crate) struct HttpModel<F> {
+    endpoint: Endpoint,
+    model: String,
+    format: F,
+}
+
+impl<F: Format> HttpModel<F> {
+    /// A service posting to `options.base_url` joined with `path`, with
+    /// `options.headers` and `headers` (the provider's own, such as its key).
+    pub(crate) fn new(
+        options: HttpOptions,
+        path: &str,
+        headers: HeaderMap,
+        format: F,
+    ) -> Result<Self, AgentError> {
+        options.check()?;
+        let mut all = options.headers;
+        all.extend(headers);
+        let endpoint = Endpoint::new(
+            &options.base_url,
+            path,
+            all,
+            options.timeout,
+            options.max_response_bytes,
+            options.client,
+        )?;
+        Ok(Self {
+            endpoint,
+            model: options.model,
+            format,
+        })
+    }
+
+    /// The URL calls are posted to.
+    pub(crate) fn url(&self) -> &str {
+        self.endpoint.url()
+    }
+
+    /// The model asked for when a request names none.
+    pub(crate) fn default_model(&self) -> &str {
+        &self.model
+    }
+
+    /// The wire format's settings.
+    pub(crate) fn format(&self) -> &F {
+        &self.format
+    }
+
+    /// One call: the request's model, or the default when it names none.
+    pub(crate) fn call(self: Arc<Self>, call: ModelCall) -> BoxResponseFuture<ModelResponse> {
+        BoxResponseFuture::new(async move {
+            let model = if call.request.model.is_empty() {
+                self.model.as_str()
+            } else {
+                call.request.model.as_str()
+            };
+            let body = self.format.body(&call, model)?;
+            self.endpoint
+                .call(F::PROVIDER, model, body, &call, &self.format)
+                .await
+        })
+    }
+}
+
 /// Where and how calls are sent.
-pub(crate) struct Endpoint {
+struct Endpoint {
     url: reqwest::Url,
     host: String,
     headers: HeaderMap,
@@ -38,7 +114,7 @@ pub(crate) struct Endpoint {
 
 impl Endpoint {
     /// An endpoint at `base` joined with `path`.
-    pub(crate) fn new(
+    fn new(
         base: &str,
         path: &str,
         headers: HeaderMap,
@@ -73,18 +149,18 @@ impl Endpoint {
     }
 
     /// The URL calls are posted to.
-    pub(crate) fn url(&self) -> &str {
+    fn url(&self) -> &str {
         self.url.as_str()
     }
 
     /// Posts `body` for `call` and reads the answer of `model`.
-    pub(crate) async fn call<F: Format>(
+    async fn call<F: Format>(
         &self,
         provider: &'static str,
         model: &str,
         body: Vec<u8>,
         call: &ModelCall,
-        format: F,
+        format: &F,
     ) -> Result<ModelResponse, BoxError> {
         let span = tracing::info_span!(
             "chat",
@@ -100,7 +176,7 @@ impl Endpoint {
             "error.type" = field::Empty,
         );
         let result = self
-            .exchange(model, body, call, &format)
+            .exchange(model, body, call, format)
             .instrument(span.clone())
             .await;
         let ctx = &call.context;

@@ -48,8 +48,41 @@ pub(crate) trait Decoder {
     /// The usage reported so far, if any.
     fn usage(&self) -> Option<Usage>;
 
+    /// The deltas sent to the sink so far.
+    fn deltas(&self) -> &Deltas;
+
     /// How many deltas went to the sink.
-    fn deltas_sent(&self) -> usize;
+    fn deltas_sent(&self) -> usize {
+        self.deltas().sent()
+    }
+}
+
+/// The deltas a decoder sends: each goes to the sink, if any, and is
+/// counted, so a stream that breaks later says how many went out
+/// ([`BrokenResponse::deltas_sent`](super::BrokenResponse::deltas_sent)).
+#[derive(Debug, Default)]
+pub(crate) struct Deltas {
+    sent: usize,
+}
+
+impl Deltas {
+    /// Sends `delta` to `sink`.
+    pub(crate) fn send(&mut self, sink: Option<&DeltaSink>, delta: ModelDelta) {
+        if let Some(sink) = sink {
+            sink.send(&delta);
+            self.sent += 1;
+        }
+    }
+
+    /// How many deltas went out.
+    pub(crate) fn sent(&self) -> usize {
+        self.sent
+    }
+
+    /// A broken answer, after the deltas sent so far.
+    pub(crate) fn broken(&self, detail: impl Into<String>) -> ProviderError {
+        broken(detail, self.sent)
+    }
 }
 
 /// A failed stream: the error and whatever usage the provider had reported
@@ -276,6 +309,22 @@ pub(crate) fn decode_chunks<D: Decoder>(
     ))
 }
 
+/// Decodes in-memory chunks with a sink and collects what it received: the
+/// helper of the decoders' tests.
+#[cfg(test)]
+pub(crate) fn decode_collect<D: Decoder>(
+    chunks: &[&[u8]],
+    decoder: D,
+) -> (Result<ModelResponse, ProviderError>, Vec<ModelDelta>) {
+    let (sink, mut rx) = DeltaSink::channel();
+    let result = decode_chunks(chunks, decoder, Some(&sink), 1 << 20).map_err(|f| f.error);
+    let mut deltas = Vec::new();
+    while let Ok(delta) = rx.try_recv() {
+        deltas.push(delta);
+    }
+    (result, deltas)
+}
+
 /// Splits `data` into chunks at pseudo-random points drawn from `seed`: how
 /// the fuzz targets and property tests choose chunk boundaries.
 pub(crate) fn split(data: &[u8], seed: u64) -> Vec<&[u8]> {
@@ -377,6 +426,7 @@ mod tests {
     #[derive(Default)]
     struct Collect {
         data: Vec<String>,
+        deltas: Deltas,
     }
 
     impl Decoder for Collect {
@@ -404,8 +454,8 @@ mod tests {
             None
         }
 
-        fn deltas_sent(&self) -> usize {
-            0
+        fn deltas(&self) -> &Deltas {
+            &self.deltas
         }
     }
 

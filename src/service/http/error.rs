@@ -40,7 +40,7 @@ pub(crate) const MAX_ERROR_BODY: usize = 64 * 1024;
 ///
 /// ```
 /// use tower_agent::error::find;
-/// use tower_agent::service::openai::BrokenResponse;
+/// use tower_agent::service::http::BrokenResponse;
 /// # fn check(err: &(dyn std::error::Error + 'static)) -> bool {
 /// // In a retry policy: retry only a stream that showed nothing yet.
 /// find::<BrokenResponse>(err).map_or(true, |broken| broken.deltas_sent() == 0)
