@@ -40,5 +40,5 @@ stop_one() {
 [[ -d "$PEERS" ]] || exit 0
 stop_one aimock "llmock"
 stop_one llama "llama_server.py"
-rm -f "$PEERS/env"
+rm -f "$PEERS/env" "$PEERS/env.tmp"
 exit 0
