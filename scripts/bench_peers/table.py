@@ -13,6 +13,16 @@ def ratio(value: float, ours: float) -> str:
     return f"{value / ours:,.0f}×" if value / ours >= 10 else f"{value / ours:,.1f}×"
 
 
+def per_middleware(row: dict, ours: dict, same: bool) -> str:
+    value = row["us_per_middleware_per_model_call"]
+    if value <= 0:
+        # 8 middleware measured no slower than none: below the noise.
+        return "within noise | –"
+    if same:
+        return f"{value:,.2f} | 1×"
+    return f"{value:,.2f} | {ratio(value, ours['us_per_middleware_per_model_call'])}"
+
+
 def main() -> None:
     rows = [json.loads(line) for line in sys.stdin if line.strip()]
     if not rows:
@@ -30,8 +40,7 @@ def main() -> None:
             f"| {row['peer']} | {row['version']} "
             f"| {row['us_per_run']:,.1f} | {'1×' if same else ratio(row['us_per_run'], ours['us_per_run'])} "
             f"| {row['us_per_run_8_middleware']:,.1f} "
-            f"| {row['us_per_middleware_per_model_call']:,.2f} "
-            f"| {'1×' if same else ratio(row['us_per_middleware_per_model_call'], ours['us_per_middleware_per_model_call'])} "
+            f"| {per_middleware(row, ours, same)} "
             f"| {row['kb_per_run']:,.1f} | {'1×' if same else ratio(row['kb_per_run'], ours['kb_per_run'])} "
             f"| {row['wall_ms']:,.0f} ms |"
         )
