@@ -1,19 +1,21 @@
-//! `OpenAiChat` against a real llama.cpp server (`llama-server` with
-//! SmolLM2-135M, started by `scripts/peers/start.sh`). The tests assert the
+//! `OpenAiChat` against a real llama.cpp server (llama.cpp's own HTTP server
+//! from the PyPI wheel `xllamacpp`, with SmolLM2-135M, started by
+//! `scripts/peers/start.sh` with the chat template
+//! `tests/fixtures/llama/chatml-tools.jinja`). The tests assert the
 //! protocol's shape, never the wording of a 135M-parameter model.
 //!
 //! The agent run goes through the crate's own model stack, retry ▸ timeout ▸
-//! fallback ▸ tower's concurrency limit ▸ llama-server
+//! fallback ▸ tower's concurrency limit ▸ llama.cpp
 //! (`layers::retry::RetryLayer`, `layers::timeout::TimeoutLayer`,
-//! `layers::fallback::FallbackLayer`, via `ServiceBuilderExt`), and checks
-//! what they report: no `RetryAttempt` or `FallbackUsed` event against a
-//! healthy server, and one usage-ledger entry per model call.
+//! `layers::fallback::FallbackLayer`, via `ServiceBuilderExt`), and requires
+//! a real tool call: the model calls the tool, the tool answers, and the
+//! model writes a final answer. It checks what the layers report: no
+//! `RetryAttempt` or `FallbackUsed` event against a healthy server, and one
+//! usage-ledger entry per model call.
 //!
-//! They are `#[ignore]`d: run them with `cargo test -- --ignored` after
-//! starting the peers. Where the machine cannot run that llama-server build
-//! (it needs AVX-512 and AMX), the script sets `LLAMA_SKIP_REASON` instead of
-//! `LLAMA_URL`, and each test prints `SKIPPED: <test>: <reason>` to stderr
-//! (past the harness's capture) and returns.
+//! They are `#[ignore]`d: `scripts/peers/run-tests.sh` starts the peers and
+//! runs them with `--ignored`. Without `LLAMA_URL` (in the environment or
+//! in `.peers/env`) each of them fails.
 #![cfg(feature = "openai")]
 
 mod support;
@@ -30,27 +32,16 @@ use tower_agent::types::{
     FinishReason, Message, ModelDelta, ModelRequest, ModelResponse, ResponseFormat, Role, Usage,
 };
 use tower_agent::{
-    tool_sync, Agent, AgentError, BoxError, DeltaSink, ModelCall, RunContext, RunRequest,
-    ToolRouter,
+    tool_sync, Agent, BoxError, DeltaSink, ModelCall, RunContext, RunRequest, ToolRouter,
 };
 
-/// The llama.cpp service, or `None` (having said SKIPPED loudly) where the
-/// peer knowingly did not start. Fails the test when the peers were not
-/// started at all.
-fn llama(test: &str) -> Option<OpenAiChat> {
-    if let Some(url) = support::peer_var("LLAMA_URL") {
-        let chat = OpenAiChat::builder(url)
-            .model("smollm2")
-            .timeout(Duration::from_secs(120))
-            .build()
-            .unwrap();
-        return Some(chat);
-    }
-    if let Some(reason) = support::peer_var("LLAMA_SKIP_REASON") {
-        support::shout(&format!("SKIPPED: provider_llama::{test}: {reason}"));
-        return None;
-    }
-    panic!("neither LLAMA_URL nor LLAMA_SKIP_REASON is set: start the peers with `bash scripts/peers/start.sh`");
+/// The llama.cpp service at `LLAMA_URL`; fails the test when it is not set.
+fn llama() -> OpenAiChat {
+    OpenAiChat::builder(support::require_peer("LLAMA_URL"))
+        .model("smollm2")
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
 }
 
 fn request(text: &str, max_tokens: u32) -> ModelRequest {
@@ -85,9 +76,7 @@ fn check_shape(response: &ModelResponse) {
 #[tokio::test]
 #[ignore = "needs the peers of scripts/peers/start.sh"]
 async fn llama_plain_chat() {
-    let Some(chat) = llama("llama_plain_chat") else {
-        return;
-    };
+    let chat = llama();
     let ctx = RunContext::new();
     let call = ModelCall::new(request("What is the capital of France?", 32), ctx.clone());
     let response = chat.oneshot(call).await.unwrap();
@@ -100,9 +89,7 @@ async fn llama_plain_chat() {
 #[tokio::test]
 #[ignore = "needs the peers of scripts/peers/start.sh"]
 async fn llama_streamed_chat_with_its_usage_chunk() {
-    let Some(chat) = llama("llama_streamed_chat_with_its_usage_chunk") else {
-        return;
-    };
+    let chat = llama();
     let ctx = RunContext::new();
     let (sink, mut rx) = DeltaSink::channel();
     let mut call = ModelCall::new(request("Count from one to five.", 48), ctx.clone());
@@ -128,9 +115,7 @@ async fn llama_streamed_chat_with_its_usage_chunk() {
 #[tokio::test]
 #[ignore = "needs the peers of scripts/peers/start.sh"]
 async fn llama_json_schema_response() {
-    let Some(chat) = llama("llama_json_schema_response") else {
-        return;
-    };
+    let chat = llama();
     let schema = json!({
         "type": "object",
         "properties": {
@@ -161,9 +146,7 @@ struct City {
 #[tokio::test]
 #[ignore = "needs the peers of scripts/peers/start.sh"]
 async fn llama_agent_run_through_the_layer_stack() {
-    let Some(chat) = llama("llama_agent_run_through_the_layer_stack") else {
-        return;
-    };
+    let chat = llama();
     // retry ▸ timeout ▸ fallback ▸ concurrency limit ▸ llama-server. The
     // fallback asks the same server for its model again under its alias.
     let model = ServiceBuilder::new()
@@ -196,33 +179,57 @@ async fn llama_agent_run_through_the_layer_stack() {
     let events = CollectingSink::new();
     let ctx = RunContext::builder().events(events.clone()).build();
     let (sink, mut rx) = DeltaSink::channel();
-    let result = agent
+    // Worded like the worked exchange of the chat template, which is what a
+    // 135M model needs to open a tool call.
+    let run = agent
         .oneshot(
-            RunRequest::new("What is the weather in Paris?")
+            RunRequest::new("Use the weather tool for Paris.")
                 .context(ctx.clone())
                 .stream(sink),
         )
-        .await;
-    // A 135M model may answer, or call the tool until the turns run out:
-    // either way the run has the protocol's shape.
-    let run = match result {
-        Ok(run) => {
-            assert!(run.is_completed());
-            run
-        }
-        Err(AgentError::MaxTurns { partial, .. }) => *partial,
-        Err(other) => panic!("the run failed: {other}"),
-    };
-    assert!(run.counters.model_calls >= 1);
-    assert!(run.usage.input_tokens > 0 && run.usage.output_tokens > 0);
+        .await
+        .unwrap_or_else(|e| panic!("the run failed: {e}"));
+    assert!(run.is_completed(), "{:?}", run.status);
+
+    // model → weather → model: the model called the tool through the layer
+    // stack, with arguments the tool parsed, and then answered.
+    let calls: Vec<_> = run
+        .messages
+        .iter()
+        .flat_map(|m| m.tool_calls.iter())
+        .collect();
+    assert!(!calls.is_empty(), "no tool call: {:?}", run.messages);
+    assert!(calls.iter().all(|c| c.name == "weather"), "{calls:?}");
+    assert!(run.counters.tool_calls >= 1, "{:?}", run.counters);
+    assert!(run.counters.model_calls >= 2, "{:?}", run.counters);
+    let results: Vec<&Message> = run
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .collect();
+    assert_eq!(results.len(), calls.len());
+    for result in &results {
+        // The tool ran (its text ends so), it did not report bad arguments.
+        assert!(
+            result.text().ends_with(": sunny, 21C"),
+            "{:?}",
+            result.text()
+        );
+    }
     // Every tool message answers a call of an earlier assistant message.
-    let mut calls = Vec::new();
+    let mut seen = Vec::new();
     for message in &run.messages {
-        calls.extend(message.tool_calls.iter().map(|c| c.id.clone()));
+        seen.extend(message.tool_calls.iter().map(|c| c.id.clone()));
         if message.role == Role::Tool {
-            assert!(calls.contains(message.tool_call_id.as_ref().unwrap()));
+            assert!(seen.contains(message.tool_call_id.as_ref().unwrap()));
         }
     }
+    let last = run.messages.last().unwrap();
+    assert_eq!(last.role, Role::Assistant);
+    assert!(last.tool_calls.is_empty());
+    assert!(!run.output.trim().is_empty());
+    assert_eq!(run.output, last.text());
+    assert!(run.usage.input_tokens > 0 && run.usage.output_tokens > 0);
     let mut streamed = 0;
     while rx.try_recv().is_ok() {
         streamed += 1;

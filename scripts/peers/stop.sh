@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stops the peers scripts/peers/start.sh started, by the PIDs it recorded in
-# .peers/*.pid, and removes .peers/env. Safe to run when nothing runs.
+# .peers/*.pid (only while each is still the process it started), and
+# removes .peers/env. Safe to run when nothing runs.
 #   --quiet   say nothing when there is nothing to stop
 set -uo pipefail
 
@@ -38,6 +39,6 @@ stop_one() {
 
 [[ -d "$PEERS" ]] || exit 0
 stop_one aimock "llmock"
-stop_one llama "llama-server"
-rm -f "$PEERS/env"
+stop_one llama "llama_server.py"
+rm -f "$PEERS/env" "$PEERS/env.tmp"
 exit 0
