@@ -216,6 +216,14 @@ impl ProviderError {
         self.retry_after_opt(Some(after))
     }
 
+    /// For a timeout, records how long the provider was allowed.
+    pub(crate) fn allowed(mut self, after: Option<Duration>) -> Self {
+        if self.kind == ErrorKind::Timeout {
+            self.timed_out_after = after;
+        }
+        self
+    }
+
     fn retry_after_opt(mut self, after: Option<Duration>) -> Self {
         self.retry_after = after;
         self

@@ -228,7 +228,10 @@ impl Endpoint {
         if let Some(timeout) = timeout {
             request = request.timeout(timeout);
         }
-        let response = request.send().await.map_err(|e| failed(transport(e, 0)))?;
+        let response = request
+            .send()
+            .await
+            .map_err(|e| failed(transport(e, 0).allowed(timeout)))?;
         let status = response.status();
         if !status.is_success() {
             let headers = response.headers().clone();
