@@ -1,4 +1,5 @@
-//! Token counting: MB/s of each counter on the same text (the cheap
+//! Token counting: MB/s of each counter on the same text, prose and one
+//! long word (the cheap
 //! estimate is the floor, `tiktoken-rs` the reference the BPE counter was
 //! chosen against), and the cost of one turn's count at 1 and 10,000
 //! messages through a `TokenTally` (target: a ratio of at most 1.2).
@@ -7,6 +8,7 @@
 //! tally counts, and the thread is truncated back to its length (keeping its
 //! digests), as a server keeping the thread in memory would.
 
+use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -23,19 +25,26 @@ fn text() -> String {
 }
 
 fn throughput(c: &mut Criterion) {
-    let text = text();
-    let mut group = c.benchmark_group("tokens_count_64kb");
+    count_group(c, "tokens_count_64kb_prose", &text());
+    // One 16 KB word: byte-pair merging within one piece is where a
+    // tokenizer's worst case shows.
+    count_group(c, "tokens_count_16kb_one_word", &"a".repeat(16_384));
+}
+
+fn count_group(c: &mut Criterion, name: &str, text: &str) {
+    let text = black_box(text);
+    let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Bytes(text.len() as u64));
     let estimate = EstimateCounter::new();
-    group.bench_function("estimate", |b| b.iter(|| estimate.count(&text)));
+    group.bench_function("estimate", |b| b.iter(|| estimate.count(black_box(text))));
     let o200k = BpeCounter::o200k_base();
-    group.bench_function("bpe_openai_o200k", |b| b.iter(|| o200k.count(&text)));
+    group.bench_function("bpe_openai_o200k", |b| b.iter(|| o200k.count(text)));
     let cl100k = BpeCounter::cl100k_base();
-    group.bench_function("bpe_openai_cl100k", |b| b.iter(|| cl100k.count(&text)));
+    group.bench_function("bpe_openai_cl100k", |b| b.iter(|| cl100k.count(text)));
     let tiktoken = tiktoken_rs::o200k_base().unwrap();
-    assert_eq!(tiktoken.encode_ordinary(&text).len(), o200k.count(&text));
+    assert_eq!(tiktoken.encode_ordinary(text).len(), o200k.count(text));
     group.bench_function("tiktoken_rs_o200k", |b| {
-        b.iter(|| tiktoken.encode_ordinary(&text).len())
+        b.iter(|| tiktoken.encode_ordinary(text).len())
     });
     group.finish();
 }

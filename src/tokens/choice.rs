@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{EstimateCounter, TokenCounter};
+use super::TokenCounter;
 
 /// A per-model choice of [`TokenCounter`]: rules matched on the model's
 /// name, in order, and a counter for every other model.
@@ -77,7 +77,7 @@ impl TokenCounters {
         }
         #[cfg(not(feature = "tokenizer"))]
         {
-            Self::new(EstimateCounter::new())
+            Self::new(super::EstimateCounter::new())
         }
     }
 
@@ -129,6 +129,7 @@ impl fmt::Debug for TokenCounters {
 #[cfg(all(test, feature = "tokenizer"))]
 mod tests {
     use super::*;
+    use crate::tokens::EstimateCounter;
 
     #[test]
     fn openai_families_get_their_encoding() {
