@@ -171,33 +171,37 @@
 //! asking `before_tool` again with `resumed == true`. Every decision is
 //! logged as a `ToolDecision` event naming who decided.
 
-mod adapter;
 pub mod builtin;
-mod delta;
-mod frame;
+mod call_chain;
+mod call_hook;
+mod closures;
+pub(crate) mod edit_watch;
 mod from_fn;
-pub mod future;
-mod hook_set;
-mod invoke;
+mod hook_point;
+mod installed;
 mod layer;
 mod logging;
 mod middleware;
-mod runner;
+mod next;
 mod runtime;
 mod stack;
+mod stack_hooks;
 mod verdict;
 mod wrap;
+mod wrap_layer;
 
 #[doc = include_str!("../../docs/ordering.md")]
 pub mod ordering {}
 
-pub use adapter::{WrapModel, WrapModelLayer, WrapTool, WrapToolLayer};
+pub use crate::hooks::AgentMiddleware;
 pub use from_fn::{from_fn, FromFn, FromFnLayer};
-pub use hook_set::{HookPoint, HookSet};
-pub use layer::{Lifecycle, LifecycleLayer};
+pub use hook_point::HookPoint;
+pub use layer::{Lifecycle, LifecycleLayer, ResponseFuture};
 pub use logging::{HookCounts, LoggingMiddleware};
 pub use middleware::{FailPolicy, Hook, Middleware};
+pub use next::Next;
 pub use runtime::{RunMiddleware, RunRequestExt, Runtime};
 pub use stack::MiddlewareStack;
 pub use verdict::{decision_rank, merge_verdicts};
-pub use wrap::{ModelMiddleware, ModelNext, Next, ToolMiddleware, ToolNext, WrapRequest};
+pub use wrap::{ModelMiddleware, ModelNext, ToolMiddleware, ToolNext, WrapRequest, Wrapped};
+pub use wrap_layer::{WrapModel, WrapModelLayer, WrapTool, WrapToolLayer};

@@ -1,5 +1,6 @@
-//! The model and tool calls through one stack: delta hooks on the stream
-//! sink, the wrap chain, then the service below.
+//! One model or tool call through a stack's part of the onion: the delta
+//! hooks on the stream sink, the wrap chain, then the service below
+//! ([`StackModel`], [`StackTool`] when an inherited stack wraps it).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,13 +10,10 @@ use std::task::{Context, Poll};
 use tokio::sync::Notify;
 use tower::Service;
 
-use super::future::ResponseFuture;
-use super::stack::Stack;
-use super::wrap::Next;
-use super::HookPoint;
+use super::stack::CompiledStack;
+use super::{HookPoint, Next, ResponseFuture};
 use crate::error::{AgentError, BoxError};
-use crate::request::{DeltaSink, ModelCall, ToolInvocation, ToolOutput};
-use crate::service::{BoxModel, BoxTool};
+use crate::request::{BoxModel, BoxTool, DeltaSink, ModelCall, ToolInvocation, ToolOutput};
 use crate::types::{ModelDelta, ModelResponse};
 
 /// The first error a delta hook raised, which aborts the call.
@@ -89,9 +87,10 @@ fn guard_sink(
 /// One model call through `stack`'s part of the onion. Delta hooks see the
 /// stream only in a run that streams.
 pub(crate) async fn model_call(
-    stack: Arc<Stack>,
+    stack: Arc<CompiledStack>,
     mut call: ModelCall,
     base: BoxModel,
+    home: Option<usize>,
 ) -> Result<ModelResponse, BoxError> {
     let failure = match call.stream.take() {
         Some(sink) if stack.has(HookPoint::OnModelDelta) => {
@@ -107,7 +106,7 @@ pub(crate) async fn model_call(
             None
         }
     };
-    let fut = Next::chain(stack.model.clone(), base).run(call);
+    let fut = Next::chain(stack.entries.clone(), base, home).run(call);
     match failure {
         None => fut.await,
         Some(failure) => failure.race(fut).await,
@@ -117,9 +116,10 @@ pub(crate) async fn model_call(
 /// One tool call through `stack`'s part of the onion. With delta hooks, the
 /// tool gets a sink for its progress even when nobody else listens.
 pub(crate) async fn tool_call(
-    stack: Arc<Stack>,
+    stack: Arc<CompiledStack>,
     mut invocation: ToolInvocation,
     base: BoxTool,
+    home: Option<usize>,
 ) -> Result<ToolOutput, BoxError> {
     let failure = if stack.has(HookPoint::OnToolDelta) {
         let failure = Arc::new(DeltaFailure::default());
@@ -137,22 +137,23 @@ pub(crate) async fn tool_call(
     } else {
         None
     };
-    let fut = Next::chain(stack.tool.clone(), base).run(invocation);
+    let fut = Next::chain(stack.entries.clone(), base, home).run(invocation);
     match failure {
         None => fut.await,
         Some(failure) => failure.race(fut).await,
     }
 }
 
-/// A stack's part of the model onion as a service: what an inherited
-/// frame's `call_model` gets as its `next`.
+/// A stack's part of the model onion as a service: what the inherited
+/// hooks' `wrap_model` gets as its `next`.
 #[derive(Clone)]
-pub(crate) struct OwnModel {
-    pub(crate) stack: Arc<Stack>,
+pub(crate) struct StackModel {
+    pub(crate) stack: Arc<CompiledStack>,
     pub(crate) base: BoxModel,
+    pub(crate) home: Option<usize>,
 }
 
-impl Service<ModelCall> for OwnModel {
+impl Service<ModelCall> for StackModel {
     type Response = ModelResponse;
     type Error = BoxError;
     type Future = ResponseFuture<ModelResponse>;
@@ -164,18 +165,19 @@ impl Service<ModelCall> for OwnModel {
     fn call(&mut self, call: ModelCall) -> Self::Future {
         let clone = self.base.clone();
         let base = std::mem::replace(&mut self.base, clone);
-        ResponseFuture::new(model_call(self.stack.clone(), call, base))
+        ResponseFuture::new(model_call(self.stack.clone(), call, base, self.home))
     }
 }
 
 /// A stack's part of the tool onion as a service.
 #[derive(Clone)]
-pub(crate) struct OwnTool {
-    pub(crate) stack: Arc<Stack>,
+pub(crate) struct StackTool {
+    pub(crate) stack: Arc<CompiledStack>,
     pub(crate) base: BoxTool,
+    pub(crate) home: Option<usize>,
 }
 
-impl Service<ToolInvocation> for OwnTool {
+impl Service<ToolInvocation> for StackTool {
     type Response = ToolOutput;
     type Error = BoxError;
     type Future = ResponseFuture<ToolOutput>;
@@ -187,6 +189,6 @@ impl Service<ToolInvocation> for OwnTool {
     fn call(&mut self, invocation: ToolInvocation) -> Self::Future {
         let clone = self.base.clone();
         let base = std::mem::replace(&mut self.base, clone);
-        ResponseFuture::new(tool_call(self.stack.clone(), invocation, base))
+        ResponseFuture::new(tool_call(self.stack.clone(), invocation, base, self.home))
     }
 }
