@@ -8,7 +8,7 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use tower::{Layer, ServiceExt};
 use tower_agent::lifecycle::{
-    HookSet, LifecycleLayer, LoggingMiddleware, Middleware, MiddlewareStack,
+    LifecycleLayer, LoggingMiddleware, Middleware, MiddlewareStack,
 };
 use tower_agent::{Agent, RunRequest};
 
@@ -23,9 +23,6 @@ impl Middleware for Noop {
         "noop"
     }
 
-    fn hooks(&self) -> HookSet {
-        HookSet::ALL
-    }
 }
 
 fn agent() -> Agent {

@@ -12,7 +12,7 @@ use tower::Service;
 
 use super::stack::CompiledStack;
 use super::{HookPoint, Next, ResponseFuture};
-use crate::error::{AgentError, BoxError};
+use crate::error::{kind_of, AgentError, BoxError, ErrorKind};
 use crate::request::{BoxModel, BoxTool, DeltaSink, ModelCall, ToolInvocation, ToolOutput};
 use crate::types::{ModelDelta, ModelResponse};
 
@@ -137,11 +137,21 @@ pub(crate) async fn tool_call(
     } else {
         None
     };
+    let ctx = invocation.context.clone();
     let fut = Next::chain(stack.entries.clone(), base, home).run(invocation);
-    match failure {
+    let result = match failure {
         None => fut.await,
         Some(failure) => failure.race(fut).await,
+    };
+    // What fails here as a middleware error is this stack's (a nested
+    // run's own failures became error results below): it fails the runs up
+    // to the one the stack was installed for.
+    if let (Err(err), Some(home)) = (&result, home) {
+        if kind_of(err.as_ref()) == ErrorKind::Middleware {
+            ctx.note_hook_failure(ctx.depth().saturating_sub(home));
+        }
     }
+    result
 }
 
 /// A stack's part of the model onion as a service: what the inherited
