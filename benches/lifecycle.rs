@@ -7,9 +7,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use tower::{Layer, ServiceExt};
-use tower_agent::lifecycle::{
-    LifecycleLayer, LoggingMiddleware, Middleware, MiddlewareStack,
-};
+use tower_agent::lifecycle::{LifecycleLayer, LoggingMiddleware, Middleware, MiddlewareStack};
 use tower_agent::{Agent, RunRequest};
 
 #[path = "common/mod.rs"]
@@ -22,7 +20,6 @@ impl Middleware for Noop {
     fn name(&self) -> &str {
         "noop"
     }
-
 }
 
 fn agent() -> Agent {

@@ -28,7 +28,9 @@ use serde_json::Value;
 
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
-use crate::request::{BoxAgent, BoxModel, BoxTool, ModelCall, RunRequest, ToolInvocation, ToolOutput};
+use crate::request::{
+    BoxAgent, BoxModel, BoxTool, ModelCall, RunRequest, ToolInvocation, ToolOutput,
+};
 use crate::types::{AgentRun, ApprovalDecision, History, Message, ModelResponse, ToolCall};
 
 /// The future of a hook point: a value already there, or a boxed future.
@@ -264,8 +266,11 @@ pub(crate) trait HookPort: Send + Sync + 'static {
 
     /// A run starts, new or resumed. Returns texts to add after the system
     /// prompt, for this run only.
-    fn before_agent<'a>(&'a self, ctx: &'a RunContext, start: RunStart)
-        -> HookFuture<'a, Vec<String>>;
+    fn before_agent<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        start: RunStart,
+    ) -> HookFuture<'a, Vec<String>>;
 
     /// A new run's input, before any model call. Returns texts to add after
     /// the input, kept in the transcript.
@@ -355,8 +360,11 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     /// The run ended. Called once per run, by the lifecycle layer that
     /// brackets it or, for a run nothing brackets (a nested run that
     /// inherited its parent's hooks), by the run loop.
-    fn after_agent<'a>(&'a self, ctx: &'a RunContext, outcome: RunOutcome<'a>)
-        -> HookFuture<'a, ()>;
+    fn after_agent<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        outcome: RunOutcome<'a>,
+    ) -> HookFuture<'a, ()>;
 
     /// A compaction of `messages` is about to run; `false` skips it.
     fn before_compaction<'a>(
@@ -476,7 +484,11 @@ impl fmt::Debug for AgentMiddleware {
 /// What the lifecycle adapter implements for [`AgentMiddleware`].
 pub(crate) trait RunBracket: Send + Sync + 'static {
     /// Runs `request` on `run`, bracketed.
-    fn run(&self, request: RunRequest, run: BoxAgent) -> BoxFuture<'static, Result<AgentRun, AgentError>>;
+    fn run(
+        &self,
+        request: RunRequest,
+        run: BoxAgent,
+    ) -> BoxFuture<'static, Result<AgentRun, AgentError>>;
 
     /// These, then `inner`'s inside them.
     fn then(&self, inner: &AgentMiddleware) -> AgentMiddleware;

@@ -290,7 +290,8 @@ impl RunRequest {
 }
 
 /// A type-erased, cloneable, `Sync` model service.
-pub type BoxModel = tower::util::BoxCloneSyncService<ModelCall, crate::types::ModelResponse, BoxError>;
+pub type BoxModel =
+    tower::util::BoxCloneSyncService<ModelCall, crate::types::ModelResponse, BoxError>;
 
 /// A type-erased, cloneable, `Sync` tool service.
 pub type BoxTool = tower::util::BoxCloneSyncService<ToolInvocation, ToolOutput, BoxError>;
@@ -343,6 +344,8 @@ pub(crate) fn tool_failure(
         | ErrorKind::Approval
         | ErrorKind::HistoryIntegrity => Err(err),
         ErrorKind::Middleware if ctx.hook_failed_here() => Err(err),
-        _ => Ok(ToolOutput::error(format!("The tool `{tool}` failed: {err}"))),
+        _ => Ok(ToolOutput::error(format!(
+            "The tool `{tool}` failed: {err}"
+        ))),
     }
 }

@@ -64,7 +64,8 @@ impl Middleware for FailIn {
 }
 
 fn child(middleware: Option<MiddlewareStack>) -> Agent {
-    let builder = Agent::builder("child").model(ScriptedModel::new([ScriptedTurn::text("from the child")]));
+    let builder =
+        Agent::builder("child").model(ScriptedModel::new([ScriptedTurn::text("from the child")]));
     match middleware {
         Some(stack) => builder.middleware(stack),
         None => builder,
@@ -134,7 +135,9 @@ async fn a_nested_runs_own_middleware_error_is_a_failed_tool_call() {
     let model = parent_model();
     let agent = parent(
         model.clone(),
-        child(Some(MiddlewareStack::new().push(FailIn { target: "child" }))),
+        child(Some(
+            MiddlewareStack::new().push(FailIn { target: "child" }),
+        )),
     )
     .build()
     .unwrap();
@@ -154,8 +157,8 @@ async fn a_nested_runs_own_middleware_error_is_a_failed_tool_call() {
 #[tokio::test]
 async fn a_parent_hook_failing_inside_the_nested_run_fails_the_parent() {
     let agent = parent(parent_model(), child(None)).build().unwrap();
-    let layered = LifecycleLayer::new(MiddlewareStack::new().push(FailIn { target: "child" }))
-        .layer(agent);
+    let layered =
+        LifecycleLayer::new(MiddlewareStack::new().push(FailIn { target: "child" })).layer(agent);
     let err = layered.oneshot(RunRequest::new("go")).await.unwrap_err();
     assert_eq!(err.code(), "MIDDLEWARE_FAILED");
     assert!(
@@ -167,9 +170,11 @@ async fn a_parent_hook_failing_inside_the_nested_run_fails_the_parent() {
 
 #[tokio::test]
 async fn a_nested_runs_own_middleware_failing_still_fails_that_run() {
-    let err = child(Some(MiddlewareStack::new().push(FailIn { target: "child" })))
-        .run("alone")
-        .await
-        .unwrap_err();
+    let err = child(Some(
+        MiddlewareStack::new().push(FailIn { target: "child" }),
+    ))
+    .run("alone")
+    .await
+    .unwrap_err();
     assert_eq!(err.code(), "MIDDLEWARE_FAILED");
 }

@@ -13,9 +13,7 @@ use tower_agent::lifecycle::builtin::{
     trim_messages, ContextCompressionMiddleware, MessageTrimMiddleware, PromptCacheGuardMiddleware,
     SummarizationPolicy, TrimStrategy, UsageAccountingMiddleware,
 };
-use tower_agent::lifecycle::{
-    Hook, Middleware, MiddlewareStack, ModelMiddleware, ModelNext,
-};
+use tower_agent::lifecycle::{Hook, Middleware, MiddlewareStack, ModelMiddleware, ModelNext};
 use tower_agent::types::{History, Message, ModelResponse, Role, ToolCall};
 use tower_agent::{
     Agent, BoxError, ModelCall, RunContext, RunRequest, ScriptedModel, ScriptedTurn, Usage,

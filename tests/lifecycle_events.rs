@@ -13,8 +13,8 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_agent::event::AgentEvent;
 use tower_agent::hooks::Compaction;
 use tower_agent::lifecycle::{
-    from_fn, Hook, HookPoint, LifecycleLayer, LoggingMiddleware, Middleware,
-    MiddlewareStack, ModelNext,
+    from_fn, Hook, HookPoint, LifecycleLayer, LoggingMiddleware, Middleware, MiddlewareStack,
+    ModelNext,
 };
 use tower_agent::types::{ApprovalDecision, ModelDelta, ModelResponse, Role, ToolSpec};
 use tower_agent::{
@@ -508,7 +508,9 @@ async fn every_override_runs_without_a_declaration() {
         .build()
         .unwrap();
     let sink = tower_agent::event::CollectingSink::new();
-    let ctx = tower_agent::RunContext::builder().events(sink.clone()).build();
+    let ctx = tower_agent::RunContext::builder()
+        .events(sink.clone())
+        .build();
     let run = run_with(
         agent,
         MiddlewareStack::new().push(Undeclared),

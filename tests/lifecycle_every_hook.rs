@@ -9,8 +9,8 @@ use futures::future::{ready, Ready};
 use serde_json::json;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_agent::hooks::{
-    before_compaction, before_model_switch, after_compaction, Compaction, Notification,
-    RunOutcome, RunStart, ToolCallResult, ToolVerdict,
+    after_compaction, before_compaction, before_model_switch, Compaction, Notification, RunOutcome,
+    RunStart, ToolCallResult, ToolVerdict,
 };
 use tower_agent::lifecycle::{
     from_fn, Hook, LifecycleLayer, Middleware, MiddlewareStack, ModelNext, ToolNext, Wrapped,
@@ -52,7 +52,8 @@ impl Middleware for Everything {
     }
 
     fn before_agent<'a>(&'a self, _: &'a RunContext, start: RunStart) -> Hook<'a, Option<String>> {
-        self.seen.push(format!("before_agent resumed={}", start.resumed));
+        self.seen
+            .push(format!("before_agent resumed={}", start.resumed));
         Hook::ok(Some("from before_agent".into()))
     }
 
@@ -104,7 +105,8 @@ impl Middleware for Everything {
         call: &'a ToolCall,
         resumed: bool,
     ) -> Hook<'a, ToolVerdict> {
-        self.seen.push(format!("before_tool {} resumed={resumed}", call.name));
+        self.seen
+            .push(format!("before_tool {} resumed={resumed}", call.name));
         Hook::ok(match call.name.as_str() {
             "forbidden" => ToolVerdict::deny("not here"),
             "later" => ToolVerdict::decision(tower_agent::hooks::ToolDecision::Defer),
@@ -126,7 +128,8 @@ impl Middleware for Everything {
         invocation: ToolInvocation,
         next: ToolNext,
     ) -> Wrapped<'a, ToolInvocation> {
-        self.seen.push(format!("wrap_tool {}", invocation.call.name));
+        self.seen
+            .push(format!("wrap_tool {}", invocation.call.name));
         Wrapped::new(async move {
             let mut output = next.run(invocation).await?;
             output.content.push_str(" (wrapped)");
@@ -141,7 +144,8 @@ impl Middleware for Everything {
         delta: &mut ModelDelta,
     ) -> Result<(), BoxError> {
         if let ModelDelta::Text { text } = delta {
-            self.seen.push(format!("on_tool_delta {} {text}", call.name));
+            self.seen
+                .push(format!("on_tool_delta {} {text}", call.name));
         }
         Ok(())
     }
@@ -162,7 +166,8 @@ impl Middleware for Everything {
         ctx: &'a RunContext,
         results: &'a [ToolCallResult],
     ) -> Hook<'a, ()> {
-        self.seen.push(format!("after_tool_batch {}", results.len()));
+        self.seen
+            .push(format!("after_tool_batch {}", results.len()));
         ctx.add_context("from after_tool_batch");
         Hook::ok(())
     }
@@ -199,7 +204,8 @@ impl Middleware for Everything {
 
     fn on_notification<'a>(&'a self, _: &'a RunContext, n: &'a Notification) -> Hook<'a, ()> {
         if let Notification::Paused { pending } = n {
-            self.seen.push(format!("on_notification paused {}", pending.len()));
+            self.seen
+                .push(format!("on_notification paused {}", pending.len()));
         }
         Hook::ok(())
     }
@@ -291,8 +297,9 @@ fn script() -> ScriptedModel {
 async fn every_hook_point_runs_without_a_declaration() {
     let seen = Seen::default();
     let model = script();
-    let layered = LifecycleLayer::new(MiddlewareStack::new().push(Everything { seen: seen.clone() }))
-        .layer(agent(model.clone()));
+    let layered =
+        LifecycleLayer::new(MiddlewareStack::new().push(Everything { seen: seen.clone() }))
+            .layer(agent(model.clone()));
     let (sink, mut deltas) = DeltaSink::channel();
     let run = layered
         .oneshot(RunRequest::new("hello").stream(sink))
@@ -309,9 +316,14 @@ async fn every_hook_point_runs_without_a_declaration() {
     // before_run: changed the input.
     assert!(first.messages.iter().any(|m| m.text() == "hello [checked]"));
     // before_model: added a message.
-    assert!(first.messages.iter().any(|m| m.text() == "from before_model"));
+    assert!(first
+        .messages
+        .iter()
+        .any(|m| m.text() == "from before_model"));
     // wrap_model: every call at temperature 0.25.
-    assert!(requests.iter().all(|r| r.settings.temperature == Some(0.25)));
+    assert!(requests
+        .iter()
+        .all(|r| r.settings.temperature == Some(0.25)));
     // wrap_tool, after_tool, before_tool (deny), decide_approval (the
     // guarded tool ran), on_tool_delta (saw the progress).
     let tool_text = |id: &str| {
@@ -324,7 +336,11 @@ async fn every_hook_point_runs_without_a_declaration() {
     };
     assert_eq!(tool_text("c1"), "progress done (wrapped) (after_tool)");
     assert_eq!(tool_text("c2"), "progress done (wrapped) (after_tool)");
-    assert!(tool_text("c3").contains("denied: not here"), "{}", tool_text("c3"));
+    assert!(
+        tool_text("c3").contains("denied: not here"),
+        "{}",
+        tool_text("c3")
+    );
     assert!(seen.has("decide_approval guarded"));
     assert!(seen.has("on_tool_delta progress half"));
     // after_tool_batch: its context reached the second request.
@@ -333,7 +349,10 @@ async fn every_hook_point_runs_without_a_declaration() {
         .iter()
         .any(|m| m.text() == "from after_tool_batch"));
     // before_stop: kept the run going with a user message.
-    assert!(requests[2].messages.iter().any(|m| m.text() == "keep going"));
+    assert!(requests[2]
+        .messages
+        .iter()
+        .any(|m| m.text() == "keep going"));
     // The compaction and model-switch hooks answered the layer that asked.
     assert!(seen.has("before_compaction"));
     assert!(seen.has("after_compaction compactor"));
@@ -351,7 +370,10 @@ async fn every_hook_point_runs_without_a_declaration() {
     assert!(seen.has("on_model_delta"));
     // after_agent closed the run once.
     assert_eq!(
-        seen.all().iter().filter(|e| e.starts_with("after_agent")).count(),
+        seen.all()
+            .iter()
+            .filter(|e| e.starts_with("after_agent"))
+            .count(),
         1
     );
     assert!(seen.has("after_agent completed"));

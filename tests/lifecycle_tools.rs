@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 use tower_agent::event::AgentEvent;
 use tower_agent::hooks::{ToolDecision, ToolVerdict};
 use tower_agent::lifecycle::{
-    decision_rank, merge_verdicts, Hook, Middleware, MiddlewareStack, Runtime,
-    ToolMiddleware, ToolNext,
+    decision_rank, merge_verdicts, Hook, Middleware, MiddlewareStack, Runtime, ToolMiddleware,
+    ToolNext,
 };
 use tower_agent::types::{ApprovalDecision, Role, ToolCall};
 use tower_agent::{

@@ -12,18 +12,15 @@ use crate::hooks::{RunOutcome, ToolVerdict};
 use crate::request::ToolOutput;
 use crate::types::{History, Message, ModelResponse, ToolCall};
 
-/// The one hook a closure middleware has.
+/// The one hook a closure middleware has: each closure's type spelled out.
+#[allow(clippy::type_complexity)]
 enum FnHook {
     BeforeRun(Box<dyn Fn(&RunContext, &mut Message) -> Result<(), BoxError> + Send + Sync>),
     BeforeModel(Box<dyn Fn(&RunContext, &mut History) -> Result<(), BoxError> + Send + Sync>),
-    AfterModel(
-        Box<dyn Fn(&RunContext, &mut ModelResponse) -> Result<(), BoxError> + Send + Sync>,
-    ),
+    AfterModel(Box<dyn Fn(&RunContext, &mut ModelResponse) -> Result<(), BoxError> + Send + Sync>),
     BeforeTool(Box<dyn Fn(&RunContext, &ToolCall) -> Result<ToolVerdict, BoxError> + Send + Sync>),
     AfterTool(
-        Box<
-            dyn Fn(&RunContext, &ToolCall, &mut ToolOutput) -> Result<(), BoxError> + Send + Sync,
-        >,
+        Box<dyn Fn(&RunContext, &ToolCall, &mut ToolOutput) -> Result<(), BoxError> + Send + Sync>,
     ),
     AfterAgent(Box<dyn Fn(&RunContext, RunOutcome<'_>) -> Result<(), BoxError> + Send + Sync>),
     OnError(Box<dyn Fn(&RunContext, &AgentError) -> Result<(), BoxError> + Send + Sync>),
@@ -43,7 +40,11 @@ enum FnHook {
     ),
     AfterToolAsync(
         Box<
-            dyn Fn(RunContext, ToolCall, ToolOutput) -> BoxFuture<'static, Result<ToolOutput, BoxError>>
+            dyn Fn(
+                    RunContext,
+                    ToolCall,
+                    ToolOutput,
+                ) -> BoxFuture<'static, Result<ToolOutput, BoxError>>
                 + Send
                 + Sync,
         >,
@@ -176,7 +177,9 @@ impl MiddlewareStack {
     {
         self.push_fn(
             name,
-            FnHook::BeforeRun(Box::new(move |ctx, input| f(ctx, input).map_err(Into::into))),
+            FnHook::BeforeRun(Box::new(move |ctx, input| {
+                f(ctx, input).map_err(Into::into)
+            })),
         )
     }
 

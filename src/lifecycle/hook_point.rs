@@ -121,6 +121,9 @@ impl HookPoint {
     }
 }
 
+// One bit per hook point in a `u32` mask.
+const _: () = assert!(HookPoint::COUNT <= 32);
+
 impl fmt::Display for HookPoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -136,7 +139,6 @@ mod tests {
         let names: std::collections::HashSet<_> =
             HookPoint::ALL.iter().map(|p| p.as_str()).collect();
         assert_eq!(names.len(), HookPoint::COUNT);
-        assert!(HookPoint::COUNT <= 32);
         assert_eq!(HookPoint::AfterAgent.to_string(), "after_agent");
     }
 }

@@ -18,7 +18,9 @@ use crate::hooks::{
     ApprovalVerdict, Compaction, HookFuture, HookPort, Notification, RunOutcome, RunStart,
     ToolCallResult, ToolVerdict,
 };
-use crate::request::{box_model, box_tool, BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput};
+use crate::request::{
+    box_model, box_tool, BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput,
+};
 use crate::types::{History, Message, ModelResponse, ToolCall};
 
 /// The hook points of a run: `outer` (inherited), then `stack`.
@@ -80,7 +82,12 @@ impl HookPort for InstalledHooks {
                     Some(outer) => outer.before_agent(ctx, start).await?,
                     None => Vec::new(),
                 };
-                texts.extend(self.stack.before_agent(ctx, start).await.map_err(|e| self.own(ctx, e))?);
+                texts.extend(
+                    self.stack
+                        .before_agent(ctx, start)
+                        .await
+                        .map_err(|e| self.own(ctx, e))?,
+                );
                 Ok(texts)
             }),
         }
@@ -119,7 +126,10 @@ impl HookPort for InstalledHooks {
                 if let Some(outer) = outer {
                     outer.before_model(ctx, messages).await?;
                 }
-                self.stack.before_model(ctx, messages).await.map_err(|e| self.own(ctx, e))
+                self.stack
+                    .before_model(ctx, messages)
+                    .await
+                    .map_err(|e| self.own(ctx, e))
             }),
         }
     }
@@ -151,7 +161,10 @@ impl HookPort for InstalledHooks {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.after_model(ctx, response),
             (outer, true) => HookFuture::new(async move {
-                self.stack.after_model(ctx, response).await.map_err(|e| self.own(ctx, e))?;
+                self.stack
+                    .after_model(ctx, response)
+                    .await
+                    .map_err(|e| self.own(ctx, e))?;
                 match outer {
                     Some(outer) => outer.after_model(ctx, response).await,
                     None => Ok(()),
@@ -209,7 +222,10 @@ impl HookPort for InstalledHooks {
                         return Ok(Some(verdict));
                     }
                 }
-                self.stack.decide_approval(ctx, call).await.map_err(|e| self.own(ctx, e))
+                self.stack
+                    .decide_approval(ctx, call)
+                    .await
+                    .map_err(|e| self.own(ctx, e))
             }),
         }
     }
@@ -348,7 +364,11 @@ impl HookPort for InstalledHooks {
         }
     }
 
-    fn after_agent<'a>(&'a self, ctx: &'a RunContext, outcome: RunOutcome<'a>) -> HookFuture<'a, ()> {
+    fn after_agent<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        outcome: RunOutcome<'a>,
+    ) -> HookFuture<'a, ()> {
         match (&self.outer, self.stack.has(HookPoint::AfterAgent)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.after_agent(ctx, outcome),

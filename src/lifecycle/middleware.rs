@@ -221,6 +221,8 @@ pub trait Middleware: Send + Sync + 'static {
         Hook::not_overridden()
     }
 
+    #[doc(alias = "on_llm_start")]
+    #[doc(alias = "beforeModelCall")]
     /// Before each model turn; may change the messages from then on. After
     /// an edit, the run checks that every tool call still has its result.
     fn before_model<'a>(&'a self, ctx: &'a RunContext, messages: &'a mut History) -> Hook<'a, ()> {
@@ -238,6 +240,7 @@ pub trait Middleware: Send + Sync + 'static {
         Err(not_overridden())
     }
 
+    #[doc(alias = "wrap_model_call")]
     /// Around each model call: change the call, call
     /// [`next.run(call)`](super::Next::run) 0..N times (proceed, retry, fall
     /// back), or answer without it. Return [`Wrapped::new`] with the future;
@@ -248,6 +251,7 @@ pub trait Middleware: Send + Sync + 'static {
         Wrapped::not_overridden(call, next)
     }
 
+    #[doc(alias = "on_llm_end")]
     /// After each answer, before the run uses it: may replace its content or
     /// its tool calls (an empty list makes it the final answer).
     fn after_model<'a>(
@@ -258,6 +262,8 @@ pub trait Middleware: Send + Sync + 'static {
         Hook::not_overridden()
     }
 
+    #[doc(alias = "on_tool_start")]
+    #[doc(alias = "beforeToolCall")]
     /// Before each tool call is decided, and again for a waiting call when a
     /// paused run resumes (`resumed`). `call` carries the arguments as the
     /// middleware before this one left them. See [`ToolVerdict`] and the
@@ -282,6 +288,7 @@ pub trait Middleware: Send + Sync + 'static {
         Err(not_overridden())
     }
 
+    #[doc(alias = "wrap_tool_call")]
     /// Around each tool call that passed approval: change the arguments
     /// (validated again; the approval is withdrawn), retry, or answer for
     /// the tool. See [`wrap_model`](Self::wrap_model).
@@ -293,6 +300,8 @@ pub trait Middleware: Send + Sync + 'static {
         Wrapped::not_overridden(invocation, next)
     }
 
+    #[doc(alias = "on_tool_end")]
+    #[doc(alias = "afterToolCall")]
     /// After each tool call; may change the result the model reads.
     fn after_tool<'a>(
         &'a self,
@@ -381,6 +390,7 @@ pub trait Middleware: Send + Sync + 'static {
     }
 
     #[doc(alias = "after_run")]
+    #[doc(alias = "afterRun")]
     #[doc(alias = "on_agent_end")]
     /// The run ended: completed, stopped, paused (with the result) or failed
     /// (with the error). Its error is logged, the next `after_agent` still

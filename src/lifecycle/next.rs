@@ -17,7 +17,8 @@ use super::HookPoint;
 use crate::context::RunContext;
 use crate::error::{kind_of, panic_message, BoxError, ErrorKind};
 
-pub(crate) type BoxService<Req> = BoxCloneSyncService<Req, <Req as WrapRequest>::Response, BoxError>;
+pub(crate) type BoxService<Req> =
+    BoxCloneSyncService<Req, <Req as WrapRequest>::Response, BoxError>;
 
 /// The rest of the stack below a wrap hook: what `next` calls.
 ///
@@ -134,9 +135,8 @@ impl<Req: WrapRequest> Next<Req> {
                 home: next.home,
             };
             let ctx = req.context().clone();
-            let wrapped = match catch_unwind(AssertUnwindSafe(|| {
-                Req::wrap(&*entry.mw, req, inner)
-            })) {
+            let wrapped = match catch_unwind(AssertUnwindSafe(|| Req::wrap(&*entry.mw, req, inner)))
+            {
                 Ok(wrapped) => wrapped.0,
                 Err(panic) => {
                     let bracket = Bracket::open(&ctx, &entry.name, hook);
@@ -149,7 +149,10 @@ impl<Req: WrapRequest> Next<Req> {
                 WrappedKind::NotOverridden(r, n) => {
                     entry.learn_absent(hook);
                     req = r;
-                    next = Next { received: None, ..n };
+                    next = Next {
+                        received: None,
+                        ..n
+                    };
                 }
                 WrappedKind::Next(r, n) => {
                     req = r;
@@ -157,8 +160,9 @@ impl<Req: WrapRequest> Next<Req> {
                 }
                 WrappedKind::Future(future) => {
                     let result = guarded(&ctx, &entry.name, hook, || future).await;
-                    return result
-                        .map_err(|err| own_failure(&ctx, next.home, Req::link_error(err, &entry.name)));
+                    return result.map_err(|err| {
+                        own_failure(&ctx, next.home, Req::link_error(err, &entry.name))
+                    });
                 }
             }
         }

@@ -225,9 +225,9 @@ impl CompiledStack {
 
     /// Whether the tool call needs this stack.
     pub(crate) fn wraps_tool(&self) -> bool {
-        self.entries.iter().any(|e| {
-            e.may_override(HookPoint::WrapTool) || e.may_override(HookPoint::OnToolDelta)
-        })
+        self.entries
+            .iter()
+            .any(|e| e.may_override(HookPoint::WrapTool) || e.may_override(HookPoint::OnToolDelta))
     }
 }
 

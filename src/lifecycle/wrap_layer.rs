@@ -183,9 +183,12 @@ macro_rules! wrap_service {
                 let link = self.link.clone();
                 super::ResponseFuture::new(async move {
                     let ctx = req.context().clone();
-                    guarded(&ctx, &name, <$req as super::wrap::sealed::Plumbing>::wrap_hook(), || {
-                        link.$method(req, next)
-                    })
+                    guarded(
+                        &ctx,
+                        &name,
+                        <$req as super::wrap::sealed::Plumbing>::wrap_hook(),
+                        || link.$method(req, next),
+                    )
                     .await
                 })
             }

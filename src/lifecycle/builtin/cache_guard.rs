@@ -9,8 +9,8 @@ use futures::future::BoxFuture;
 use serde_json::json;
 
 use crate::context::RunContext;
-use crate::lifecycle::edit_watch::{watch, EditWatch};
 use crate::error::BoxError;
+use crate::lifecycle::edit_watch::{watch, EditWatch};
 use crate::lifecycle::{ModelMiddleware, ModelNext};
 use crate::request::ModelCall;
 use crate::types::{History, Message, ModelResponse};
@@ -49,7 +49,6 @@ impl EditLog {
     fn lock(&self) -> std::sync::MutexGuard<'_, RunLog> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
-
 }
 
 impl EditWatch for EditLog {
