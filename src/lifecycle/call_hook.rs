@@ -1,7 +1,6 @@
 //! Calls one hook of one middleware: learning "not overridden", events,
 //! panics, the fail policy, attribution.
 
-use std::any::Any;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -9,11 +8,12 @@ use std::sync::Arc;
 use futures::FutureExt;
 use tokio::time::Instant;
 
+use super::attribute::{attribute, panicked};
 use super::middleware::{HookKind, NotOverridden};
 use super::stack::Entry;
 use super::{Hook, HookPoint};
 use crate::context::RunContext;
-use crate::error::{attribute_tripwire, panic_message, AgentError, BoxError};
+use crate::error::{AgentError, BoxError};
 use crate::event::AgentEvent;
 
 pub(crate) fn started(ctx: &RunContext, name: &Arc<str>, hook: HookPoint) {
@@ -79,42 +79,6 @@ pub(crate) fn log_ignored(ctx: &RunContext, name: &Arc<str>, hook: HookPoint, er
         hook: hook.as_str(),
         error: err.to_string(),
     });
-}
-
-pub(crate) fn panicked(name: &str, hook: HookPoint, payload: &(dyn Any + Send)) -> AgentError {
-    AgentError::Middleware {
-        middleware: name.to_owned(),
-        hook: hook.as_str().to_owned(),
-        source: format!("panicked: {}", panic_message(payload)).into(),
-    }
-}
-
-/// The run error a hook's error becomes: a tripwire gets the middleware and
-/// the hook filled in, an unclassified error becomes
-/// [`AgentError::Middleware`], anything the run knows (a provider error, a
-/// cancellation, a nested run's tripwire) stays as it is.
-pub(crate) fn attribute(err: BoxError, name: &str, hook: HookPoint) -> AgentError {
-    match AgentError::classify(err) {
-        AgentError::Other(source) => AgentError::Middleware {
-            middleware: name.to_owned(),
-            hook: hook.as_str().to_owned(),
-            source,
-        },
-        other => attribute_tripwire(other, name, hook.as_str()),
-    }
-}
-
-/// Fills in the middleware and hook of a nameless tripwire; leaves any other
-/// error as it is (a wrap middleware passes its inner call's errors on).
-pub(crate) fn name_tripwire(err: BoxError, name: &str, hook: &str) -> BoxError {
-    if !matches!(err.downcast_ref::<AgentError>(), Some(AgentError::Tripwire { middleware, .. }) if middleware.is_empty())
-    {
-        return err;
-    }
-    match err.downcast::<AgentError>() {
-        Ok(agent) => Box::new(attribute_tripwire(*agent, name, hook)),
-        Err(err) => err,
-    }
 }
 
 /// Races `fut` against the run's cancellation and deadline: a hook still

@@ -135,7 +135,7 @@ impl HookPort for InstalledHooks {
     }
 
     fn wrap_model(&self, call: ModelCall, next: BoxModel) -> HookFuture<'_, ModelResponse> {
-        let own = self.stack.wraps_model();
+        let own = self.stack.wraps_model(call.stream.is_some());
         let home = Some(self.depth);
         match &self.outer {
             None if !own => HookFuture::new(next.oneshot(call)),

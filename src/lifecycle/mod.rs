@@ -166,6 +166,7 @@
 //! asking `before_tool` again with `resumed == true`. Every decision is
 //! logged as a `ToolDecision` event naming who decided.
 
+mod attribute;
 pub mod builtin;
 mod call_chain;
 mod call_hook;

@@ -10,7 +10,8 @@ use futures::FutureExt;
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 
-use super::call_hook::{name_tripwire, panicked, Bracket};
+use super::attribute::{name_tripwire, panicked};
+use super::call_hook::Bracket;
 use super::stack::Entry;
 use super::wrap::{WrapRequest, WrappedKind};
 use super::HookPoint;

@@ -216,10 +216,12 @@ impl CompiledStack {
             .filter(move |e| e.may_override(hook))
     }
 
-    /// Whether the model call needs this stack: wrap or delta hooks.
-    pub(crate) fn wraps_model(&self) -> bool {
+    /// Whether a model call needs this stack: wrap hooks, or delta hooks
+    /// when the call `streams`.
+    pub(crate) fn wraps_model(&self, streams: bool) -> bool {
         self.entries.iter().any(|e| {
-            e.may_override(HookPoint::WrapModel) || e.may_override(HookPoint::OnModelDelta)
+            e.may_override(HookPoint::WrapModel)
+                || (streams && e.may_override(HookPoint::OnModelDelta))
         })
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use super::call_hook::{attribute, name_tripwire};
+use super::attribute::{attribute, name_tripwire};
 use super::edit_watch::watcher;
 use super::{HookPoint, Middleware, Next};
 use crate::context::RunContext;
