@@ -10,6 +10,9 @@ use std::task::{Context, Poll};
 use tokio::sync::Notify;
 use tower::Service;
 
+use futures::future::Either;
+
+use super::next::call_innermost;
 use super::stack::CompiledStack;
 use super::{HookPoint, Next, ResponseFuture};
 use crate::error::{kind_of, AgentError, BoxError, ErrorKind};
@@ -106,7 +109,12 @@ pub(crate) async fn model_call(
             None
         }
     };
-    let fut = Next::chain(stack.entries.clone(), base, home).run(call);
+    let fut = if stack.has(HookPoint::WrapModel) {
+        Either::Left(Next::chain(stack.entries.clone(), base, home).run(call))
+    } else {
+        // No wrap hook may run: straight to the service below.
+        Either::Right(call_innermost(base, call, true))
+    };
     match failure {
         None => fut.await,
         Some(failure) => failure.race(fut).await,
@@ -138,7 +146,11 @@ pub(crate) async fn tool_call(
         None
     };
     let ctx = invocation.context.clone();
-    let fut = Next::chain(stack.entries.clone(), base, home).run(invocation);
+    let fut = if stack.has(HookPoint::WrapTool) {
+        Either::Left(Next::chain(stack.entries.clone(), base, home).run(invocation))
+    } else {
+        Either::Right(call_innermost(base, invocation, true))
+    };
     let result = match failure {
         None => fut.await,
         Some(failure) => failure.race(fut).await,

@@ -212,7 +212,7 @@ impl<Req: WrapRequest> fmt::Debug for Next<Req> {
 /// Below a lifecycle chain (`recover`), a tool's failure becomes the error
 /// result the model would read, so that what a middleware fails with is its
 /// own error.
-async fn call_innermost<Req: WrapRequest>(
+pub(crate) async fn call_innermost<Req: WrapRequest>(
     mut service: BoxService<Req>,
     req: Req,
     recover: bool,
