@@ -164,67 +164,52 @@ impl MiddlewareStack {
     ///
     /// let stack = MiddlewareStack::new().before_run("refund-guard", |_ctx, input| {
     ///     if input.text().contains("refund") {
-    ///         return Err(tripwire("refunds go to a person"));
+    ///         return Err(tripwire("refunds go to a person").into());
     ///     }
     ///     Ok(())
     /// });
     /// # let _ = stack;
     /// ```
-    pub fn before_run<F, E>(self, name: impl Into<String>, f: F) -> Self
+    pub fn before_run<F>(self, name: impl Into<String>, f: F) -> Self
     where
-        F: Fn(&RunContext, &mut Message) -> Result<(), E> + Send + Sync + 'static,
-        E: Into<BoxError>,
+        F: Fn(&RunContext, &mut Message) -> Result<(), BoxError> + Send + Sync + 'static,
     {
-        self.push_fn(
-            name,
-            FnHook::BeforeRun(Box::new(move |ctx, input| {
-                f(ctx, input).map_err(Into::into)
-            })),
-        )
+        self.push_fn(name, FnHook::BeforeRun(Box::new(f)))
     }
 
     /// Registers a middleware called `name` whose `before_model` is `f`: it
     /// may change the messages before each model turn.
-    pub fn before_model<F, E>(self, name: impl Into<String>, f: F) -> Self
+    pub fn before_model<F>(self, name: impl Into<String>, f: F) -> Self
     where
-        F: Fn(&RunContext, &mut History) -> Result<(), E> + Send + Sync + 'static,
-        E: Into<BoxError>,
+        F: Fn(&RunContext, &mut History) -> Result<(), BoxError> + Send + Sync + 'static,
     {
-        self.push_fn(
-            name,
-            FnHook::BeforeModel(Box::new(move |ctx, m| f(ctx, m).map_err(Into::into))),
-        )
+        self.push_fn(name, FnHook::BeforeModel(Box::new(f)))
     }
 
     /// Like [`before_model`](Self::before_model), async: `f` gets the run's
     /// context and the messages (both O(1) clones) and answers the messages
     /// to go on with.
-    pub fn before_model_async<F, Fut, E>(self, name: impl Into<String>, f: F) -> Self
+    pub fn before_model_async<F, Fut>(self, name: impl Into<String>, f: F) -> Self
     where
         F: Fn(RunContext, History) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<History, E>> + Send + 'static,
-        E: Into<BoxError>,
+        Fut: Future<Output = Result<History, BoxError>> + Send + 'static,
     {
         self.push_fn(
             name,
             FnHook::BeforeModelAsync(Box::new(move |ctx, m| {
                 let fut = f(ctx, m);
-                Box::pin(async move { fut.await.map_err(Into::into) })
+                Box::pin(fut)
             })),
         )
     }
 
     /// Registers a middleware called `name` whose `after_model` is `f`: it
     /// may change each answer before the run uses it.
-    pub fn after_model<F, E>(self, name: impl Into<String>, f: F) -> Self
+    pub fn after_model<F>(self, name: impl Into<String>, f: F) -> Self
     where
-        F: Fn(&RunContext, &mut ModelResponse) -> Result<(), E> + Send + Sync + 'static,
-        E: Into<BoxError>,
+        F: Fn(&RunContext, &mut ModelResponse) -> Result<(), BoxError> + Send + Sync + 'static,
     {
-        self.push_fn(
-            name,
-            FnHook::AfterModel(Box::new(move |ctx, r| f(ctx, r).map_err(Into::into))),
-        )
+        self.push_fn(name, FnHook::AfterModel(Box::new(f)))
     }
 
     /// Registers a middleware called `name` whose `before_tool` is `f`: its
@@ -235,7 +220,7 @@ impl MiddlewareStack {
     /// use tower_agent::lifecycle::MiddlewareStack;
     ///
     /// let stack = MiddlewareStack::new().before_tool("no-deletes", |_ctx, call| {
-    ///     Ok::<_, tower_agent::BoxError>(if call.name == "delete" {
+    ///     Ok(if call.name == "delete" {
     ///         ToolVerdict::deny("deleting is not allowed")
     ///     } else {
     ///         ToolVerdict::proceed()
@@ -243,30 +228,25 @@ impl MiddlewareStack {
     /// });
     /// # let _ = stack;
     /// ```
-    pub fn before_tool<F, E>(self, name: impl Into<String>, f: F) -> Self
+    pub fn before_tool<F>(self, name: impl Into<String>, f: F) -> Self
     where
-        F: Fn(&RunContext, &ToolCall) -> Result<ToolVerdict, E> + Send + Sync + 'static,
-        E: Into<BoxError>,
+        F: Fn(&RunContext, &ToolCall) -> Result<ToolVerdict, BoxError> + Send + Sync + 'static,
     {
-        self.push_fn(
-            name,
-            FnHook::BeforeTool(Box::new(move |ctx, c| f(ctx, c).map_err(Into::into))),
-        )
+        self.push_fn(name, FnHook::BeforeTool(Box::new(f)))
     }
 
     /// Like [`before_tool`](Self::before_tool), async: `f` gets the run's
     /// context and a copy of the call.
-    pub fn before_tool_async<F, Fut, E>(self, name: impl Into<String>, f: F) -> Self
+    pub fn before_tool_async<F, Fut>(self, name: impl Into<String>, f: F) -> Self
     where
         F: Fn(RunContext, ToolCall) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<ToolVerdict, E>> + Send + 'static,
-        E: Into<BoxError>,
+        Fut: Future<Output = Result<ToolVerdict, BoxError>> + Send + 'static,
     {
         self.push_fn(
             name,
             FnHook::BeforeToolAsync(Box::new(move |ctx, c| {
                 let fut = f(ctx, c);
-                Box::pin(async move { fut.await.map_err(Into::into) })
+                Box::pin(fut)
             })),
         )
     }
@@ -279,61 +259,51 @@ impl MiddlewareStack {
     ///
     /// let stack = MiddlewareStack::new().after_tool("log-tools", |_ctx, call, output| {
     ///     println!("{} -> {}", call.name, output.content);
-    ///     Ok::<_, tower_agent::BoxError>(())
+    ///     Ok(())
     /// });
     /// # let _ = stack;
     /// ```
-    pub fn after_tool<F, E>(self, name: impl Into<String>, f: F) -> Self
+    pub fn after_tool<F>(self, name: impl Into<String>, f: F) -> Self
     where
-        F: Fn(&RunContext, &ToolCall, &mut ToolOutput) -> Result<(), E> + Send + Sync + 'static,
-        E: Into<BoxError>,
+        F: Fn(&RunContext, &ToolCall, &mut ToolOutput) -> Result<(), BoxError>
+            + Send
+            + Sync
+            + 'static,
     {
-        self.push_fn(
-            name,
-            FnHook::AfterTool(Box::new(move |ctx, c, o| f(ctx, c, o).map_err(Into::into))),
-        )
+        self.push_fn(name, FnHook::AfterTool(Box::new(f)))
     }
 
     /// Like [`after_tool`](Self::after_tool), async: `f` gets copies of the
     /// call and its result, and answers the result the model reads.
-    pub fn after_tool_async<F, Fut, E>(self, name: impl Into<String>, f: F) -> Self
+    pub fn after_tool_async<F, Fut>(self, name: impl Into<String>, f: F) -> Self
     where
         F: Fn(RunContext, ToolCall, ToolOutput) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<ToolOutput, E>> + Send + 'static,
-        E: Into<BoxError>,
+        Fut: Future<Output = Result<ToolOutput, BoxError>> + Send + 'static,
     {
         self.push_fn(
             name,
             FnHook::AfterToolAsync(Box::new(move |ctx, c, o| {
                 let fut = f(ctx, c, o);
-                Box::pin(async move { fut.await.map_err(Into::into) })
+                Box::pin(fut)
             })),
         )
     }
 
     /// Registers a middleware called `name` whose `after_agent` is `f`: it
     /// sees how each run ended. Its errors are logged.
-    pub fn after_agent<F, E>(self, name: impl Into<String>, f: F) -> Self
+    pub fn after_agent<F>(self, name: impl Into<String>, f: F) -> Self
     where
-        F: Fn(&RunContext, RunOutcome<'_>) -> Result<(), E> + Send + Sync + 'static,
-        E: Into<BoxError>,
+        F: Fn(&RunContext, RunOutcome<'_>) -> Result<(), BoxError> + Send + Sync + 'static,
     {
-        self.push_fn(
-            name,
-            FnHook::AfterAgent(Box::new(move |ctx, o| f(ctx, o).map_err(Into::into))),
-        )
+        self.push_fn(name, FnHook::AfterAgent(Box::new(f)))
     }
 
     /// Registers a middleware called `name` whose `on_error` is `f`: it sees
     /// the error of each run that failed. Its errors are logged.
-    pub fn on_error<F, E>(self, name: impl Into<String>, f: F) -> Self
+    pub fn on_error<F>(self, name: impl Into<String>, f: F) -> Self
     where
-        F: Fn(&RunContext, &AgentError) -> Result<(), E> + Send + Sync + 'static,
-        E: Into<BoxError>,
+        F: Fn(&RunContext, &AgentError) -> Result<(), BoxError> + Send + Sync + 'static,
     {
-        self.push_fn(
-            name,
-            FnHook::OnError(Box::new(move |ctx, e| f(ctx, e).map_err(Into::into))),
-        )
+        self.push_fn(name, FnHook::OnError(Box::new(f)))
     }
 }

@@ -64,7 +64,7 @@
 //!     // The input guard: refunds go to a person.
 //!     .before_run("refund-guard", |_ctx, input| {
 //!         if input.text().to_lowercase().contains("refund") {
-//!             return Err(tripwire("refunds go to a person"));
+//!             return Err(tripwire("refunds go to a person").into());
 //!         }
 //!         Ok(())
 //!     })
