@@ -21,6 +21,7 @@
 //! assert_eq!(child.stop_requested().unwrap().reason, "enough");
 //! ```
 
+use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
@@ -31,7 +32,6 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::event::{AgentEvent, EventSink, NoopSink};
-use crate::hooks::RunHooks;
 use crate::types::{StopReason, Usage};
 
 /// One entry of the usage ledger: one model call that reached a backend.
@@ -78,7 +78,11 @@ struct Inner {
     state: Mutex<http::Extensions>,
     ledger: Mutex<Ledger>,
     events: Arc<dyn EventSink>,
-    hooks: RwLock<Option<Arc<dyn RunHooks>>>,
+    /// The hook points installed in the run (see `crate::hooks`), opaque here.
+    port: RwLock<Option<PortSlot>>,
+    /// Set when a middleware of this run, or of a run it is nested in,
+    /// failed in this run or below: such an error fails this run too.
+    hook_failed: AtomicBool,
     pending_context: Mutex<Vec<String>>,
     stop: Mutex<Option<StopReason>>,
     /// Set once `stop` holds a reason without `by`: lets attribution skip the lock.
@@ -132,7 +136,8 @@ impl RunContext {
                 state: Mutex::default(),
                 ledger: Mutex::default(),
                 events: self.inner.events.clone(),
-                hooks: RwLock::new(self.hooks()),
+                port: RwLock::new(self.port_slot()),
+                hook_failed: AtomicBool::new(false),
                 pending_context: Mutex::default(),
                 stop: Mutex::default(),
                 stop_unattributed: AtomicBool::new(false),
@@ -369,7 +374,7 @@ impl RunContext {
     ///
     /// Cheap when there is nothing to attribute (one atomic load), so the
     /// lifecycle stack calls it after every hook.
-    pub fn attribute_stop(&self, by: &str) {
+    pub(crate) fn attribute_stop(&self, by: &str) {
         if !self.inner.stop_unattributed.load(Ordering::Acquire) {
             return;
         }
@@ -384,11 +389,10 @@ impl RunContext {
     /// Marks the run as bracketed by a lifecycle layer, which ran the
     /// `before_agent` hooks itself and will run the closing hooks; `context`
     /// is what those hooks added after the system prompt. The run loop then
-    /// takes that context instead of calling
-    /// [`RunHooks::start_run`], and leaves
-    /// [`end_run`](crate::hooks::RunHooks::end_run) to the layer. A second
-    /// layer on the same run adds its context to the first one's.
-    pub fn mark_bracketed(&self, context: Vec<String>) {
+    /// takes that context instead of asking `before_agent`, and leaves
+    /// `after_agent` to the layer. A second layer on the same run adds its
+    /// context to the first one's.
+    pub(crate) fn mark_bracketed(&self, context: Vec<String>) {
         lock(&self.inner.bracket)
             .get_or_insert_with(Vec::new)
             .extend(context);
@@ -396,7 +400,7 @@ impl RunContext {
 
     /// Whether a lifecycle layer brackets this run. See
     /// [`mark_bracketed`](Self::mark_bracketed).
-    pub fn is_bracketed(&self) -> bool {
+    pub(crate) fn is_bracketed(&self) -> bool {
         lock(&self.inner.bracket).is_some()
     }
 
@@ -408,26 +412,51 @@ impl RunContext {
             .unwrap_or_default()
     }
 
-    /// The hook points installed for this run (by the lifecycle layer, or
-    /// inherited from the parent run), if any.
-    pub fn hooks(&self) -> Option<Arc<dyn RunHooks>> {
+    /// The hook points installed for this run, opaque: `crate::hooks` reads
+    /// them.
+    pub(crate) fn port_slot(&self) -> Option<PortSlot> {
         self.inner
-            .hooks
+            .port
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
-    /// Installs the hook points the run loop calls, replacing any. The
-    /// lifecycle layer composes what it installs with what was inherited.
-    pub fn install_hooks(&self, hooks: Option<Arc<dyn RunHooks>>) {
+    /// Installs the hook points the run loop calls, replacing any.
+    pub(crate) fn set_port_slot(&self, slot: PortSlot) {
         *self
             .inner
-            .hooks
+            .port
             .write()
-            .unwrap_or_else(PoisonError::into_inner) = hooks;
+            .unwrap_or_else(PoisonError::into_inner) = Some(slot);
+    }
+
+    /// Records that a middleware installed in the run `levels` runs up
+    /// from this one (0: this run) failed here: this run and every run up to
+    /// that one fail with it, instead of reading it as a failed tool call.
+    pub(crate) fn note_hook_failure(&self, levels: usize) {
+        let mut current = Some(self);
+        let mut left = levels;
+        while let Some(ctx) = current {
+            ctx.inner.hook_failed.store(true, Ordering::Release);
+            if left == 0 {
+                break;
+            }
+            left -= 1;
+            current = ctx.parent();
+        }
+    }
+
+    /// Whether a middleware of this run or of one it is nested in failed in
+    /// this run or below. See [`note_hook_failure`](Self::note_hook_failure).
+    pub(crate) fn hook_failed_here(&self) -> bool {
+        self.inner.hook_failed.load(Ordering::Acquire)
     }
 }
+
+/// What [`RunContext`] keeps of the installed hook points: opaque here, so
+/// that the context does not depend on the port's types.
+pub(crate) type PortSlot = Arc<dyn Any + Send + Sync>;
 
 impl Default for RunContext {
     fn default() -> Self {
@@ -531,7 +560,8 @@ impl RunContextBuilder {
                 state: Mutex::new(self.state),
                 ledger: Mutex::default(),
                 events: self.events.unwrap_or_else(|| Arc::new(NoopSink)),
-                hooks: RwLock::new(None),
+                port: RwLock::new(None),
+                hook_failed: AtomicBool::new(false),
                 pending_context: Mutex::default(),
                 stop: Mutex::default(),
                 stop_unattributed: AtomicBool::new(false),

@@ -604,5 +604,41 @@ pub fn retry_after(err: &(dyn StdError + 'static)) -> Option<Duration> {
     None
 }
 
+/// A nameless [`tripwire`] named after who raised it (`by`, at `hook`);
+/// any other error as it is. The one place a tripwire is attributed: the
+/// lifecycle hooks, the wrap hooks and the run loop (for a tool's own
+/// tripwire) all call it.
+pub(crate) fn attribute_tripwire(err: AgentError, by: &str, hook: &str) -> AgentError {
+    match err {
+        AgentError::Tripwire {
+            middleware,
+            hook: raised_at,
+            reason,
+            info,
+        } if middleware.is_empty() => AgentError::Tripwire {
+            middleware: by.to_owned(),
+            hook: if raised_at.is_empty() {
+                hook.to_owned()
+            } else {
+                raised_at
+            },
+            reason,
+            info,
+        },
+        other => other,
+    }
+}
+
+/// The text of a panic's payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
 #[cfg(test)]
 mod tests;

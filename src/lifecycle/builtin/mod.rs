@@ -37,7 +37,6 @@ mod compression;
 mod trim;
 mod usage;
 
-pub(crate) use cache_guard::EditLog;
 pub use cache_guard::{CacheLayoutEvent, PromptCacheGuardMiddleware};
 pub use compression::{
     ConcatSummarizer, ContextCompressionMiddleware, SummarizationPolicy, Summarizer, SummaryRecord,

@@ -14,11 +14,13 @@ use std::task::{Context, Poll};
 use futures::future::BoxFuture;
 use schemars::JsonSchema;
 use serde_json::Value;
+use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceExt};
 
 use super::{box_model, box_tool, BoxModel, BoxTool, ToolRouter};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
+use crate::hooks::AgentMiddleware;
 use crate::request::{ModelCall, RunRequest, ToolInvocation, ToolOutput};
 use crate::types::{
     AgentRun, ApprovalDecision, ModelName, ModelResponse, ModelSettings, ToolCall, ToolSpec,
@@ -89,6 +91,8 @@ pub(crate) struct Config {
 #[derive(Clone)]
 pub struct Agent {
     config: Arc<Config>,
+    /// What `.middleware(..)` set: the agent brackets each run with it.
+    middleware: Option<AgentMiddleware>,
 }
 
 impl Agent {
@@ -107,6 +111,7 @@ impl Agent {
             output: None,
             output_retries: 2,
             approver: None,
+            middleware: None,
         }
     }
 
@@ -179,9 +184,17 @@ impl Service<RunRequest> for Agent {
     }
 
     fn call(&mut self, request: RunRequest) -> AgentFuture {
-        AgentFuture {
-            inner: Box::pin(run::run(self.config.clone(), request)),
-        }
+        let inner = match &self.middleware {
+            None => Box::pin(run::run(self.config.clone(), request)),
+            Some(middleware) => {
+                let bare = Agent {
+                    config: self.config.clone(),
+                    middleware: None,
+                };
+                middleware.run(request, BoxCloneSyncService::new(bare.map_err(Into::into)))
+            }
+        };
+        AgentFuture { inner }
     }
 }
 
@@ -201,6 +214,7 @@ pub struct AgentBuilder {
     output: Option<Value>,
     output_retries: u32,
     approver: Option<Arc<Approver>>,
+    middleware: Option<AgentMiddleware>,
 }
 
 impl fmt::Debug for AgentBuilder {
@@ -304,6 +318,21 @@ impl AgentBuilder {
         self
     }
 
+    /// Runs `middleware` (a [`Middleware`](crate::lifecycle::Middleware) or
+    /// a [`MiddlewareStack`](crate::lifecycle::MiddlewareStack)) in each of
+    /// the agent's runs, as a [`LifecycleLayer`](crate::lifecycle::LifecycleLayer)
+    /// around it would: its placement is the agent's. Called again, the new
+    /// middleware go inside the earlier ones. The agent keeps its own
+    /// `run`, and its nested runs see these hooks.
+    pub fn middleware(mut self, middleware: impl Into<AgentMiddleware>) -> Self {
+        let middleware = middleware.into();
+        self.middleware = Some(match self.middleware.take() {
+            Some(outer) => outer.then(middleware),
+            None => middleware,
+        });
+        self
+    }
+
     /// Who decides calls that ask for approval when no hook did.
     pub fn approver<F, Fut>(mut self, approver: F) -> Self
     where
@@ -370,6 +399,7 @@ impl AgentBuilder {
                 output,
                 approver: self.approver,
             }),
+            middleware: self.middleware,
         })
     }
 }

@@ -12,7 +12,7 @@ use super::Config;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, TimeoutSource};
 use crate::event::AgentEvent;
-use crate::hooks::{RunHooks, RunOutcome, RunStart};
+use crate::hooks::{installed, HookPort, RunOutcome, RunStart};
 use crate::request::{DeltaSink, ModelCall, RunInput, RunRequest};
 use crate::types::{
     AgentRun, Checkpoint, Counters, History, Message, ModelDelta, ModelRequest, ModelResponse,
@@ -23,7 +23,7 @@ use crate::types::{
 pub(super) struct Run {
     pub(super) config: Arc<Config>,
     pub(super) ctx: RunContext,
-    pub(super) hooks: Option<Arc<dyn RunHooks>>,
+    pub(super) hooks: Option<Arc<dyn HookPort>>,
     pub(super) messages: History,
     /// Context added for this run only; left out of the transcript.
     ephemeral: Vec<Message>,
@@ -58,11 +58,11 @@ pub(super) async fn run(config: Arc<Config>, request: RunRequest) -> Result<Agen
     // parent's hooks) the loop does. Errors of these hooks cannot change the
     // result: the stack logs them.
     if !ctx.is_bracketed() {
-        if let Some(hooks) = ctx.hooks() {
+        if let Some(hooks) = installed(&ctx) {
             if let Err(err) = &result {
                 let _ = hooks.on_error(&ctx, err).await;
             }
-            let _ = hooks.end_run(&ctx, RunOutcome::of(&result)).await;
+            let _ = hooks.after_agent(&ctx, RunOutcome::of(&result)).await;
         }
     }
     result
@@ -76,7 +76,7 @@ async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, A
         stream,
         extensions,
     } = request;
-    let hooks = ctx.hooks();
+    let hooks = installed(&ctx);
     let has_history = !history.is_empty();
     let resumed = matches!(input, RunInput::Resume { .. });
     let mut run = Run {
@@ -96,7 +96,7 @@ async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, A
         parent_run_id: run.ctx.parent_run_id().cloned(),
         agent: run.config.name.clone(),
     });
-    // `start_run` (before_agent) comes first, before the input guard.
+    // `before_agent` comes first, before the input guard.
     let start_context = run.start_hooks(resumed, has_history).await?;
     let resume = match input {
         RunInput::Message(input) => {
@@ -193,7 +193,7 @@ impl Run {
         Ok(())
     }
 
-    /// `start_run`: context after the system prompt, for this run only. A
+    /// `before_agent`: context after the system prompt, for this run only. A
     /// run a lifecycle layer brackets gets what the layer's `before_agent`
     /// hooks added instead.
     async fn start_hooks(
@@ -211,10 +211,10 @@ impl Run {
             resumed,
             has_history,
         };
-        hooks.start_run(&self.ctx, start).await.map_err(classify)
+        hooks.before_agent(&self.ctx, start).await.map_err(classify)
     }
 
-    /// Puts the `start_run` context right after the system prompt.
+    /// Puts the `before_agent` context right after the system prompt.
     fn add_start_context(&mut self, texts: Vec<String>) {
         if texts.is_empty() {
             return;
@@ -364,7 +364,7 @@ impl Run {
             "gen_ai.response.finish_reasons" = field::Empty,
         );
         let fut: crate::hooks::HookFuture<'_, ModelResponse> = match &self.hooks {
-            Some(hooks) => hooks.call_model(call, config.model.clone()),
+            Some(hooks) => hooks.wrap_model(call, config.model.clone()),
             None => crate::hooks::HookFuture::new(config.model.clone().oneshot(call)),
         };
         let result = race(ctx, fut.instrument(span.clone()))

@@ -9,10 +9,10 @@ use tracing::Instrument;
 
 use super::run::{classify, race, Run};
 use super::{panic_message, ToolFlags};
-use crate::error::{AgentError, ErrorKind};
+use crate::error::{attribute_tripwire, AgentError};
 use crate::event::AgentEvent;
 use crate::hooks::{HookFuture, Notification, ToolCallResult, ToolDecision, ToolVerdict};
-use crate::request::{ToolInvocation, ToolOutput};
+use crate::request::{tool_failure, ToolInvocation, ToolOutput};
 use crate::types::{arguments_hash, ApprovalDecision, Checkpoint, Message, PendingCall, ToolCall};
 
 /// How a step ended.
@@ -236,7 +236,7 @@ impl Run {
         );
         let tools = self.config.tools.clone();
         let fut: HookFuture<'_, ToolOutput> = match &self.hooks {
-            Some(hooks) => hooks.call_tool(invocation, tools),
+            Some(hooks) => hooks.wrap_tool(invocation, tools),
             None => HookFuture::new(tools.oneshot(invocation)),
         };
         let result = race(ctx, AssertUnwindSafe(fut.instrument(span)).catch_unwind()).await?;
@@ -248,15 +248,9 @@ impl Run {
             )),
             Ok(Ok(output)) => output,
             Ok(Err(err)) => {
-                let err = attribute_tool_tripwire(classify(err), &call.name);
-                match err.kind() {
-                    ErrorKind::Tripwire
-                    | ErrorKind::Cancelled
-                    | ErrorKind::Middleware
-                    | ErrorKind::Approval
-                    | ErrorKind::HistoryIntegrity => return Err(err),
-                    _ => ToolOutput::error(format!("The tool `{}` failed: {err}", call.name)),
-                }
+                let tool = format!("tool:{}", call.name);
+                let err = attribute_tripwire(classify(err), &tool, "call_tool");
+                tool_failure(ctx, &call.name, err)?
             }
         };
         if ctx.stop_requested().is_some() {
@@ -346,29 +340,6 @@ impl Run {
             decision,
             decided_by: by.to_owned(),
         });
-    }
-}
-
-/// A tripwire a tool raised itself names the tool, unless a middleware
-/// already named itself.
-fn attribute_tool_tripwire(err: AgentError, tool: &str) -> AgentError {
-    match err {
-        AgentError::Tripwire {
-            middleware,
-            hook,
-            reason,
-            info,
-        } if middleware.is_empty() => AgentError::Tripwire {
-            middleware: format!("tool:{tool}"),
-            hook: if hook.is_empty() {
-                "call_tool".into()
-            } else {
-                hook
-            },
-            reason,
-            info,
-        },
-        other => other,
     }
 }
 
