@@ -514,6 +514,17 @@ pub fn retry_after(err: &(dyn StdError + 'static)) -> Option<Duration> {
     None
 }
 
+/// The text of a panic's payload: the `&str` or `String` it was raised with.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,7 @@ mod router;
 mod scripted;
 mod tool_fn;
 
+pub use agent::AgentExt;
 pub use agent::{Agent, AgentBuilder, AgentFuture, Approver};
 pub use agent_tool::AgentTool;
 #[cfg(feature = "openai")]
