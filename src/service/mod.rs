@@ -17,8 +17,8 @@ mod router;
 mod scripted;
 mod tool_fn;
 
-pub use agent::AgentExt;
 pub use agent::{Agent, AgentBuilder, AgentFuture, Approver};
+pub use agent::{AgentExt, RunFuture};
 pub use agent_tool::AgentTool;
 #[cfg(feature = "openai")]
 pub use anthropic::AnthropicMessages;

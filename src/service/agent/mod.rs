@@ -28,7 +28,7 @@ use crate::types::{
     AgentRun, ApprovalDecision, ModelName, ModelResponse, ModelSettings, ToolCall, ToolSpec,
 };
 
-pub use ext::AgentExt;
+pub use ext::{AgentExt, RunFuture};
 use limits::ToolLimits;
 pub(crate) use output::OutputSchema;
 

@@ -38,6 +38,11 @@ fn millis(started: Option<Instant>) -> Option<f64> {
     started.map(|s| s.elapsed().as_micros() as f64 / 1000.0)
 }
 
+/// A model name, unless empty (the service picks the model).
+fn named(model: &ModelName) -> Option<&str> {
+    (!model.is_empty()).then(|| model.as_str())
+}
+
 /// The code of something that ended without a result.
 fn dropped_code() -> &'static str {
     if std::thread::panicking() {
@@ -200,7 +205,7 @@ impl<'a> ModelCallObserver<'a> {
             target: TARGET,
             parent: &span,
             {
-                "gen_ai.request.model" = %model,
+                "gen_ai.request.model" = named(model),
                 turn,
             },
             "model call started"
@@ -248,7 +253,7 @@ impl<'a> ModelCallObserver<'a> {
             target: TARGET,
             parent: &self.span,
             {
-                "gen_ai.request.model" = %self.model,
+                "gen_ai.request.model" = named(self.model),
                 "gen_ai.response.model" = %response.model,
                 "gen_ai.usage.input_tokens" = response.usage.input_tokens,
                 "gen_ai.usage.output_tokens" = response.usage.output_tokens,
@@ -280,7 +285,7 @@ impl<'a> ModelCallObserver<'a> {
             target: TARGET,
             parent: &self.span,
             {
-                "gen_ai.request.model" = %self.model,
+                "gen_ai.request.model" = named(self.model),
                 turn = self.turn,
                 "error.type" = code,
                 error = err.map(field::display),
