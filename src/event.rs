@@ -95,6 +95,14 @@ pub enum AgentEvent {
         tool: String,
         /// Whether the model reads an error.
         is_error: bool,
+        /// The error code when the call ended without a result and the run
+        /// fails with that error (`CANCELLED`, `TIMEOUT`,
+        /// `GUARDRAIL_TRIPPED`, …); `None` when the call has its result.
+        error: Option<&'static str>,
+        /// The tool's panic message when it panicked; the model reads only
+        /// that the tool failed (see
+        /// [`AgentBuilder::show_tool_panics`](crate::AgentBuilder::show_tool_panics)).
+        panic: Option<String>,
     },
     /// A decision about a tool call: who made it and what it was.
     ToolDecision {

@@ -388,14 +388,6 @@ pub(crate) fn installed(ctx: &RunContext) -> Option<Arc<dyn HookPort>> {
     slot.downcast_ref::<Installed>().map(|i| i.0.clone())
 }
 
-impl RunContext {
-    /// The hook points installed for this run (by a lifecycle layer, or
-    /// inherited from the parent run), if any.
-    pub(crate) fn hooks(&self) -> Option<Arc<dyn HookPort>> {
-        installed(self)
-    }
-}
-
 /// Installs `hooks` into `ctx`'s run, replacing any.
 pub(crate) fn install(ctx: &RunContext, hooks: Arc<dyn HookPort>) {
     ctx.set_port_slot(Arc::new(Installed(hooks)));

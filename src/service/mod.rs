@@ -20,6 +20,7 @@ mod scripted;
 mod tool_fn;
 
 pub use agent::{Agent, AgentBuilder, AgentFuture, Approver};
+pub use agent::{AgentExt, RunFuture};
 pub use agent_tool::AgentTool;
 #[cfg(feature = "openai")]
 pub use anthropic::AnthropicMessages;
