@@ -10,7 +10,13 @@ pub mod layers;
 pub mod lifecycle;
 pub mod request;
 pub mod service;
+pub mod stores;
 pub mod types;
+
+#[cfg(feature = "mcp")]
+pub mod mcp;
+#[cfg(feature = "server")]
+pub mod serve;
 
 pub use context::RunContext;
 pub use error::{

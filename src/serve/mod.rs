@@ -1,0 +1,1 @@
+//! Agents served over HTTP (feature `server`).
