@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use tower_agent::serve::AgentServer;
 use tower_agent::types::Role;
-use tower_agent::{tool_sync, Agent, BoxError, RunRequest, ScriptedModel, ScriptedTurn, ToolRouter};
+use tower_agent::{
+    tool_sync, Agent, BoxError, RunRequest, ScriptedModel, ScriptedTurn, ToolRouter,
+};
 
 const CLIENTS: usize = 64;
 
@@ -26,14 +28,19 @@ struct Sum {
 /// A two-turn run with one tool call.
 fn agent() -> Agent {
     Agent::builder("calc")
-        .model(ScriptedModel::from_fn(|req| {
-            if req.messages.iter().any(|m| m.role == Role::Tool) {
-                ScriptedTurn::text("2 + 3 = 5")
-            } else {
-                ScriptedTurn::tool_call("add", r#"{"a": 2, "b": 3}"#)
-            }
-        }).record(false))
-        .tools(ToolRouter::new().tool(tool_sync("add", "Adds", |s: Sum| Ok::<_, BoxError>(s.a + s.b))))
+        .model(
+            ScriptedModel::from_fn(|req| {
+                if req.messages.iter().any(|m| m.role == Role::Tool) {
+                    ScriptedTurn::text("2 + 3 = 5")
+                } else {
+                    ScriptedTurn::tool_call("add", r#"{"a": 2, "b": 3}"#)
+                }
+            })
+            .record(false),
+        )
+        .tools(ToolRouter::new().tool(tool_sync("add", "Adds", |s: Sum| {
+            Ok::<_, BoxError>(s.a + s.b)
+        })))
         .build()
         .unwrap()
 }
@@ -100,15 +107,24 @@ where
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let duration = Duration::from_secs(if quick { 1 } else { 5 });
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async {
         let server = AgentServer::new().agent("calc", agent());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/v1/agents/calc/runs", listener.local_addr().unwrap());
+        let url = format!(
+            "http://{}/v1/agents/calc/runs",
+            listener.local_addr().unwrap()
+        );
         let app = server.router();
         let serving = tokio::spawn(async move { axum::serve(listener, app).await });
 
-        let client = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS).build().unwrap();
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(CLIENTS)
+            .build()
+            .unwrap();
         let http = load(duration, move || {
             let client = client.clone();
             let url = url.clone();
@@ -130,14 +146,19 @@ fn main() {
         let in_process = load(duration, move || {
             let agent = agent.clone();
             async move {
-                let run = agent.oneshot(RunRequest::new("What is 2 + 3?")).await.unwrap();
+                let run = agent
+                    .oneshot(RunRequest::new("What is 2 + 3?"))
+                    .await
+                    .unwrap();
                 assert!(run.is_completed());
             }
         })
         .await;
         serving.abort();
 
-        println!("serve: {CLIENTS} concurrent clients, a 2-turn run with one tool call on ScriptedModel");
+        println!(
+            "serve: {CLIENTS} concurrent clients, a 2-turn run with one tool call on ScriptedModel"
+        );
         http.print("POST /v1/agents/calc/runs (HTTP)");
         in_process.print("the same agent in process");
     });

@@ -36,9 +36,16 @@ struct OrderId {
 
 fn tools() -> ToolRouter {
     ToolRouter::new()
-        .tool(tool_sync("order_status", "Where an order is", |o: OrderId| {
-            Ok::<_, BoxError>(format!("{} left the warehouse yesterday; arrives Thursday", o.id))
-        }))
+        .tool(tool_sync(
+            "order_status",
+            "Where an order is",
+            |o: OrderId| {
+                Ok::<_, BoxError>(format!(
+                    "{} left the warehouse yesterday; arrives Thursday",
+                    o.id
+                ))
+            },
+        ))
         .tool(tool_sync("refund", "Refunds an order", |o: OrderId| {
             Ok::<_, BoxError>(format!("refunded {}", o.id))
         }))
@@ -48,7 +55,9 @@ fn tools() -> ToolRouter {
 fn scripted(tool: &'static str, answer: &'static str) -> ScriptedModel {
     ScriptedModel::from_fn(move |request| {
         match request.messages.iter().rev().find(|m| m.role == Role::Tool) {
-            Some(result) => ScriptedTurn::text(format!("{answer} ({})", result.text())).chunk_chars(4),
+            Some(result) => {
+                ScriptedTurn::text(format!("{answer} ({})", result.text())).chunk_chars(4)
+            }
             None => ScriptedTurn::tool_call(tool, r#"{"id": "A-1042"}"#),
         }
     })
@@ -96,7 +105,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .agent("support", support)
         .agent("refunds", refunds);
 
-    let port: u16 = std::env::var("PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(3000);
+    let port: u16 = std::env::var("PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(3000);
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("run viewer: http://{}/", listener.local_addr()?);
     let shutdown = async {
