@@ -14,8 +14,14 @@ pub mod lifecycle;
 pub mod prelude;
 pub mod request;
 pub mod service;
+pub mod stores;
 pub mod tokens;
 pub mod types;
+
+#[cfg(feature = "mcp")]
+pub mod mcp;
+#[cfg(feature = "server")]
+pub mod serve;
 
 pub use context::RunContext;
 pub use error::{
