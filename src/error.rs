@@ -8,6 +8,7 @@
 //! | an [`AgentError`] | itself |
 //! | a [`ProviderError`] | [`AgentError::Provider`], its [`ErrorKind`] kept |
 //! | a [`RateLimited`] (a local rate limit refused) | [`ErrorKind::RateLimited`], its `retry_after` kept |
+//! | a [`CircuitOpen`] (a circuit breaker refused) | [`ErrorKind::Unavailable`], its `retry_after` kept |
 //! | `tower::timeout::error::Elapsed` | [`ErrorKind::Timeout`] |
 //! | `tower::load_shed::error::Overloaded` | [`ErrorKind::Unavailable`] |
 //! | anything else | [`AgentError::Other`], the source kept |
@@ -275,6 +276,50 @@ impl fmt::Display for RateLimited {
 
 impl StdError for RateLimited {}
 
+/// A circuit breaker refused a call at once: the model's provider failed
+/// too often lately. The leaf error of
+/// [`layers::circuit_breaker`](crate::layers::circuit_breaker); classifies
+/// as [`ErrorKind::Unavailable`] (`PROVIDER_UNAVAILABLE`), so a fallback
+/// moves on at once, and carries when the breaker will let a call through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CircuitOpen {
+    key: String,
+    retry_after: Duration,
+}
+
+impl CircuitOpen {
+    /// The breaker of `key` refused a call; it tries again `retry_after` from now.
+    pub fn new(key: impl Into<String>, retry_after: Duration) -> Self {
+        Self {
+            key: key.into(),
+            retry_after,
+        }
+    }
+
+    /// The breaker's key (by default the model's name).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// How long until the breaker lets a probe call through (zero while a
+    /// probe is already in flight).
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+}
+
+impl fmt::Display for CircuitOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "circuit `{}` is open: the provider failed too often; next try in {:?}",
+            self.key, self.retry_after
+        )
+    }
+}
+
+impl StdError for CircuitOpen {}
+
 /// The error of a run, and of anything the run classifies.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -491,6 +536,9 @@ pub fn kind_of(err: &(dyn StdError + 'static)) -> ErrorKind {
         if err.is::<RateLimited>() {
             return ErrorKind::RateLimited;
         }
+        if err.is::<CircuitOpen>() {
+            return ErrorKind::Unavailable;
+        }
         current = err.source();
     }
     ErrorKind::Other
@@ -508,6 +556,9 @@ pub fn retry_after(err: &(dyn StdError + 'static)) -> Option<Duration> {
         }
         if let Some(limited) = err.downcast_ref::<RateLimited>() {
             return Some(limited.retry_after());
+        }
+        if let Some(open) = err.downcast_ref::<CircuitOpen>() {
+            return Some(open.retry_after());
         }
         current = err.source();
     }

@@ -51,6 +51,7 @@
 
 mod builder_ext;
 pub mod cache;
+pub mod circuit_breaker;
 pub mod fallback;
 pub mod pii;
 pub mod rate_limit;
