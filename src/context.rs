@@ -32,7 +32,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::event::{AgentEvent, EventSink, NoopSink};
 use crate::hooks::RunHooks;
-use crate::types::{StopReason, Usage};
+use crate::types::{Cost, PriceTable, StopReason, Usage};
 
 /// One entry of the usage ledger: one model call that reached a backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,12 +45,17 @@ pub struct UsageEntry {
     pub model: String,
     /// What it cost.
     pub usage: Usage,
+    /// Its price, when the run has a price table
+    /// ([`set_prices`](RunContext::set_prices)) that knows the model.
+    pub cost: Option<Cost>,
 }
 
 #[derive(Debug, Default)]
 struct Ledger {
     own: Usage,
     total: Usage,
+    own_cost: Option<Cost>,
+    total_cost: Option<Cost>,
     entries: Vec<UsageEntry>,
 }
 
@@ -75,6 +80,7 @@ struct Inner {
     deadline: Option<Instant>,
     state: Mutex<http::Extensions>,
     ledger: Mutex<Ledger>,
+    prices: OnceLock<Arc<PriceTable>>,
     events: Arc<dyn EventSink>,
     hooks: RwLock<Option<Arc<dyn RunHooks>>>,
     pending_context: Mutex<Vec<String>>,
@@ -128,6 +134,7 @@ impl RunContext {
                 deadline: self.inner.deadline,
                 state: Mutex::default(),
                 ledger: Mutex::default(),
+                prices: self.inner.prices.get().cloned().map_or_else(OnceLock::new, OnceLock::from),
                 events: self.inner.events.clone(),
                 hooks: RwLock::new(self.hooks()),
                 pending_context: Mutex::default(),
@@ -252,17 +259,36 @@ impl RunContext {
     /// nested in. Providers call this; see
     /// [`ModelResponse::usage_recorded`](crate::types::ModelResponse::usage_recorded).
     pub fn record_usage(&self, model: &str, usage: Usage) {
+        let cost = self.inner.prices.get().and_then(|p| p.cost(model, &usage));
         let entry = UsageEntry {
             run_id: self.inner.run_id.clone(),
             agent: self.agent_name().cloned(),
             model: model.to_owned(),
             usage,
+            cost,
         };
-        lock(&self.inner.ledger).own += usage;
+        let add = |sum: &mut Option<Cost>| *sum = Some(sum.unwrap_or_default() + cost.unwrap_or_default());
+        let mut own = lock(&self.inner.ledger);
+        own.own += usage;
+        if cost.is_some() {
+            add(&mut own.own_cost);
+        }
+        drop(own);
+        if let Some(cost) = cost {
+            self.emit(|| AgentEvent::CostRecorded {
+                run_id: self.inner.run_id.clone(),
+                model: model.to_owned(),
+                usage,
+                cost,
+            });
+        }
         let mut ctx = Some(self);
         while let Some(c) = ctx {
             let mut ledger = lock(&c.inner.ledger);
             ledger.total += usage;
+            if cost.is_some() {
+                add(&mut ledger.total_cost);
+            }
             ledger.entries.push(entry.clone());
             drop(ledger);
             ctx = c.parent();
@@ -284,6 +310,29 @@ impl RunContext {
     /// The usage of this run and of every run nested in it.
     pub fn total_usage(&self) -> Usage {
         lock(&self.inner.ledger).total
+    }
+
+    /// The priced cost of this run's own model calls, once a price table
+    /// priced one.
+    pub fn cost(&self) -> Option<Cost> {
+        lock(&self.inner.ledger).own_cost
+    }
+
+    /// The priced cost of this run and every run nested in it.
+    pub fn total_cost(&self) -> Option<Cost> {
+        lock(&self.inner.ledger).total_cost
+    }
+
+    /// Prices this run's usage (and its nested runs', when they start after
+    /// this) with `prices`: each [`UsageEntry`] gets its cost. The first
+    /// table set stays; a budget layer sets its own.
+    pub fn set_prices(&self, prices: &Arc<PriceTable>) {
+        let _ = self.inner.prices.set(prices.clone());
+    }
+
+    /// The price table of the run, if one was set.
+    pub fn prices(&self) -> Option<&Arc<PriceTable>> {
+        self.inner.prices.get()
     }
 
     /// One entry per model call of this run and the runs nested in it, in
@@ -521,6 +570,7 @@ impl RunContextBuilder {
                 deadline: self.deadline,
                 state: Mutex::new(self.state),
                 ledger: Mutex::default(),
+                prices: OnceLock::new(),
                 events: self.events.unwrap_or_else(|| Arc::new(NoopSink)),
                 hooks: RwLock::new(None),
                 pending_context: Mutex::default(),

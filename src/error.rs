@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::types::AgentRun;
+use crate::types::{AgentRun, Amount};
 
 /// The error type of services and layers: what tower's own layers use.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -320,6 +320,53 @@ impl fmt::Display for CircuitOpen {
 
 impl StdError for CircuitOpen {}
 
+/// A budget refused a model call: what was spent and reserved, plus the
+/// call's estimate, would pass its limit. Ends the run as a tripwire does
+/// (also from inside a nested run), with the code `BUDGET_EXCEEDED`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetExceeded {
+    /// The budget's name.
+    pub budget: String,
+    /// What it is kept for, e.g. `tenant:acme`, `thread:t-1`, `run:run_…`.
+    pub key: String,
+    /// Its limit.
+    pub limit: Amount,
+    /// What was spent, plus what calls in flight hold, when it refused.
+    pub spent: Amount,
+    /// What the refused call would have reserved.
+    pub requested: Amount,
+}
+
+impl fmt::Display for BudgetExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "budget `{}` ({}) exceeded: limit {}, spent {}, the call needs up to {}",
+            self.budget, self.key, self.limit, self.spent, self.requested
+        )
+    }
+}
+
+impl StdError for BudgetExceeded {}
+
+/// A call limit was reached: the run ends with the code `LIMIT_EXCEEDED`,
+/// as a tripwire does (also from inside a nested run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitExceeded {
+    /// The limit, e.g. `model_calls per run`, `tool_calls(search) per thread`.
+    pub limit: String,
+    /// How many calls it allows.
+    pub max: u32,
+}
+
+impl fmt::Display for LimitExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "limit reached: at most {} {}", self.max, self.limit)
+    }
+}
+
+impl StdError for LimitExceeded {}
+
 /// The error of a run, and of anything the run classifies.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -392,6 +439,12 @@ pub enum AgentError {
     /// The agent's configuration is wrong.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A budget refused a model call (`BUDGET_EXCEEDED`, a tripwire).
+    #[error(transparent)]
+    BudgetExceeded(BudgetExceeded),
+    /// A call limit was reached (`LIMIT_EXCEEDED`, a tripwire).
+    #[error(transparent)]
+    LimitExceeded(LimitExceeded),
     /// Any other failure, with its source.
     #[error(transparent)]
     Other(BoxError),
@@ -412,13 +465,19 @@ impl AgentError {
             AgentError::Approval(_) => ErrorKind::Approval,
             AgentError::HistoryIntegrity(_) => ErrorKind::HistoryIntegrity,
             AgentError::Config(_) => ErrorKind::Config,
+            AgentError::BudgetExceeded(_) | AgentError::LimitExceeded(_) => ErrorKind::Tripwire,
             AgentError::Other(_) => ErrorKind::Other,
         }
     }
 
-    /// The stable code of [`kind`](Self::kind), e.g. `GUARDRAIL_TRIPPED`.
+    /// The stable code of [`kind`](Self::kind), e.g. `GUARDRAIL_TRIPPED`;
+    /// `BUDGET_EXCEEDED` and `LIMIT_EXCEEDED` for those tripwires.
     pub fn code(&self) -> &'static str {
-        self.kind().code()
+        match self {
+            AgentError::BudgetExceeded(_) => "BUDGET_EXCEEDED",
+            AgentError::LimitExceeded(_) => "LIMIT_EXCEEDED",
+            _ => self.kind().code(),
+        }
     }
 
     /// Turns whatever a service or layer failed with into an `AgentError`.
@@ -432,19 +491,23 @@ impl AgentError {
             Ok(provider) => return AgentError::Provider(*provider),
             Err(err) => err,
         };
-        if let Some(AgentError::Tripwire {
-            middleware,
-            hook,
-            reason,
-            info,
-        }) = find::<AgentError>(err.as_ref())
-        {
-            return AgentError::Tripwire {
-                middleware: middleware.clone(),
-                hook: hook.clone(),
-                reason: reason.clone(),
-                info: info.clone(),
-            };
+        match find::<AgentError>(err.as_ref()) {
+            Some(AgentError::Tripwire {
+                middleware,
+                hook,
+                reason,
+                info,
+            }) => {
+                return AgentError::Tripwire {
+                    middleware: middleware.clone(),
+                    hook: hook.clone(),
+                    reason: reason.clone(),
+                    info: info.clone(),
+                }
+            }
+            Some(AgentError::BudgetExceeded(e)) => return AgentError::BudgetExceeded(e.clone()),
+            Some(AgentError::LimitExceeded(e)) => return AgentError::LimitExceeded(e.clone()),
+            _ => {}
         }
         match kind_of(err.as_ref()) {
             ErrorKind::Timeout => AgentError::Timeout,

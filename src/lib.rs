@@ -10,6 +10,7 @@ pub mod layers;
 pub mod lifecycle;
 pub mod request;
 pub mod service;
+pub mod stores;
 pub mod types;
 
 pub use context::RunContext;

@@ -50,6 +50,7 @@
 //! ```
 
 mod builder_ext;
+pub mod budget;
 pub mod cache;
 pub mod circuit_breaker;
 pub mod fallback;
