@@ -94,7 +94,7 @@ use tower::{Layer, Service};
 
 use crate::error::{find, kind_of, BoxError, ErrorKind, ProviderError};
 use crate::request::ModelCall;
-use crate::types::ModelResponse;
+use crate::types::{ModelName, ModelResponse};
 use state::{Admission, Breaker};
 
 type FailureFn = dyn Fn(&(dyn StdError + 'static)) -> bool + Send + Sync;
@@ -147,28 +147,29 @@ impl fmt::Debug for Config {
 #[derive(Debug)]
 struct Shared {
     config: Config,
-    breakers: Mutex<HashMap<String, Arc<Mutex<Breaker>>>>,
+    breakers: Mutex<HashMap<ModelName, Arc<Mutex<Breaker>>>>,
 }
 
 impl Shared {
-    fn breaker(&self, key: &str) -> Arc<Mutex<Breaker>> {
+    fn breaker(&self, key: &ModelName) -> Arc<Mutex<Breaker>> {
         let mut breakers = self
             .breakers
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(breaker) = breakers.get(key) {
+        if let Some(breaker) = breakers.get(key.as_str()) {
             return breaker.clone();
         }
         let breaker = Arc::new(Mutex::new(Breaker::new(&self.config, Instant::now())));
-        breakers.insert(key.to_owned(), breaker.clone());
+        breakers.insert(key.clone(), breaker.clone());
         breaker
     }
 
-    fn key(&self, call: &ModelCall) -> String {
+    /// The call's key: the model's name costs a reference count, not a copy.
+    fn key(&self, call: &ModelCall) -> ModelName {
         match &self.config.key {
-            Some(f) => f(call),
-            None if call.request.model.is_empty() => "(default)".to_owned(),
-            None => call.request.model.to_string(),
+            Some(f) => ModelName::from(f(call)),
+            None if call.request.model.is_empty() => ModelName::from("(default)"),
+            None => call.request.model.clone(),
         }
     }
 
@@ -356,7 +357,7 @@ where
         match admission {
             Admission::Reject { retry_after } => {
                 tracing::debug!(%key, ?retry_after, "circuit open: call refused");
-                future::ResponseFuture::rejected(CircuitOpen::new(key, retry_after))
+                future::ResponseFuture::rejected(CircuitOpen::new(key.as_str(), retry_after))
             }
             Admission::Pass | Admission::Probe => {
                 let tracker = future::Tracker {
@@ -409,7 +410,7 @@ pub mod future {
     pub(super) struct Tracker {
         pub(super) shared: Arc<Shared>,
         pub(super) breaker: Arc<Mutex<Breaker>>,
-        pub(super) key: String,
+        pub(super) key: crate::types::ModelName,
         pub(super) probe: bool,
         pub(super) done: bool,
     }
