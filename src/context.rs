@@ -134,7 +134,12 @@ impl RunContext {
                 deadline: self.inner.deadline,
                 state: Mutex::default(),
                 ledger: Mutex::default(),
-                prices: self.inner.prices.get().cloned().map_or_else(OnceLock::new, OnceLock::from),
+                prices: self
+                    .inner
+                    .prices
+                    .get()
+                    .cloned()
+                    .map_or_else(OnceLock::new, OnceLock::from),
                 events: self.inner.events.clone(),
                 hooks: RwLock::new(self.hooks()),
                 pending_context: Mutex::default(),
@@ -267,11 +272,10 @@ impl RunContext {
             usage,
             cost,
         };
-        let add = |sum: &mut Option<Cost>| *sum = Some(sum.unwrap_or_default() + cost.unwrap_or_default());
         let mut own = lock(&self.inner.ledger);
         own.own += usage;
-        if cost.is_some() {
-            add(&mut own.own_cost);
+        if let Some(cost) = cost {
+            *own.own_cost.get_or_insert(Cost::ZERO) += cost;
         }
         drop(own);
         if let Some(cost) = cost {
@@ -286,8 +290,8 @@ impl RunContext {
         while let Some(c) = ctx {
             let mut ledger = lock(&c.inner.ledger);
             ledger.total += usage;
-            if cost.is_some() {
-                add(&mut ledger.total_cost);
+            if let Some(cost) = cost {
+                *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
             }
             ledger.entries.push(entry.clone());
             drop(ledger);

@@ -83,11 +83,9 @@ async fn the_cost_is_exact_under_retry_and_fallback() {
     let store = MemoryBudgetStore::new();
     let tenant = Budget::new("tenant").max_cost(cost("1")).daily();
     let model = ServiceBuilder::new()
-        .layer(RetryLayer::new(
-            RetryPolicy::new()
-                .max_attempts(3)
-                .backoff(Backoff::new(Duration::from_millis(100), Duration::from_secs(1))),
-        ))
+        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3).backoff(
+            Backoff::new(Duration::from_millis(100), Duration::from_secs(1)),
+        )))
         .layer(FallbackLayer::models(["small"]))
         .layer(
             BudgetLayer::new(prices)
@@ -125,7 +123,11 @@ async fn the_cost_is_exact_under_retry_and_fallback() {
     let expected = cost("0.00118");
     assert_eq!(run.cost, Some(expected));
     let entries = ctx.usage_entries();
-    assert_eq!(entries.len(), 3, "every attempt that spent is in the ledger");
+    assert_eq!(
+        entries.len(),
+        3,
+        "every attempt that spent is in the ledger"
+    );
     assert_eq!(
         entries.iter().map(|e| e.cost.unwrap()).sum::<Cost>(),
         expected
@@ -219,9 +221,14 @@ async fn a_nested_run_is_held_to_what_its_parent_has_left() {
         .per_run(Budget::new("run").max_tokens(1_000))
         .default_output_tokens(100);
 
-    let child_model = ScriptedModel::new([ScriptedTurn::text("found it").usage(Usage::new(50, 50))]);
+    let child_model =
+        ScriptedModel::new([ScriptedTurn::text("found it").usage(Usage::new(50, 50))]);
     let child = Agent::builder("researcher")
-        .model(ServiceBuilder::new().layer(budgets.clone()).service(child_model.clone()))
+        .model(
+            ServiceBuilder::new()
+                .layer(budgets.clone())
+                .service(child_model.clone()),
+        )
         .model_name("m")
         .build()
         .unwrap();
@@ -250,7 +257,10 @@ async fn a_nested_run_is_held_to_what_its_parent_has_left() {
     assert_eq!(e.key, "run:run_lead", "the parent's line stopped the child");
     assert_eq!(e.limit, Amount::Tokens(1_000));
     assert_eq!(e.spent, Amount::Tokens(900));
-    assert!(child_model.requests().is_empty(), "the child never called its model");
+    assert!(
+        child_model.requests().is_empty(),
+        "the child never called its model"
+    );
     assert_eq!(ctx.total_usage(), Usage::new(800, 100));
 }
 
@@ -259,17 +269,26 @@ async fn a_nested_runs_spend_rolls_up_into_its_parents_cost() {
     let prices = PriceTable::new().price("m", Price::new(dec("1"), dec("1")));
     let budgets = BudgetLayer::new(prices).per_run(Budget::new("run").max_tokens(10_000));
     let child = Agent::builder("researcher")
-        .model(ServiceBuilder::new().layer(budgets.clone()).service(ScriptedModel::new([
-            ScriptedTurn::text("found it").usage(Usage::new(50, 50)),
-        ])))
+        .model(
+            ServiceBuilder::new()
+                .layer(budgets.clone())
+                .service(ScriptedModel::new([
+                    ScriptedTurn::text("found it").usage(Usage::new(50, 50))
+                ])),
+        )
         .model_name("m")
         .build()
         .unwrap();
     let parent = Agent::builder("lead")
-        .model(ServiceBuilder::new().layer(budgets).service(ScriptedModel::new([
-            ScriptedTurn::tool_call("research", r#"{"input": "find it"}"#).usage(Usage::new(100, 100)),
-            ScriptedTurn::text("done").usage(Usage::new(200, 100)),
-        ])))
+        .model(
+            ServiceBuilder::new()
+                .layer(budgets)
+                .service(ScriptedModel::new([
+                    ScriptedTurn::tool_call("research", r#"{"input": "find it"}"#)
+                        .usage(Usage::new(100, 100)),
+                    ScriptedTurn::text("done").usage(Usage::new(200, 100)),
+                ])),
+        )
         .model_name("m")
         .tools(ToolRouter::new().tool(AgentTool::new("research", "Researches", child)))
         .build()

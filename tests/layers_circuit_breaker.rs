@@ -81,7 +81,11 @@ async fn an_open_breaker_moves_the_turn_to_the_next_model_at_once() {
         .unwrap();
     assert_eq!(run.output, "small here");
     assert_eq!(start.elapsed(), Duration::ZERO);
-    assert_eq!(big_calls(), 2, "the open breaker kept big from being called");
+    assert_eq!(
+        big_calls(),
+        2,
+        "the open breaker kept big from being called"
+    );
     assert_eq!(
         fallbacks(&sink),
         vec![("big".into(), "small".into(), "PROVIDER_UNAVAILABLE")]

@@ -52,7 +52,9 @@ async fn a_model_call_limit_ends_the_run_with_limit_exceeded() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), "LIMIT_EXCEEDED");
-    assert!(matches!(&err, AgentError::LimitExceeded(e) if e.max == 3 && e.limit == "model calls per run"));
+    assert!(
+        matches!(&err, AgentError::LimitExceeded(e) if e.max == 3 && e.limit == "model calls per run")
+    );
     assert_eq!(model.requests().len(), 3);
 }
 
@@ -100,10 +102,16 @@ async fn a_tool_limit_over_a_thread_spans_runs_and_can_end_the_run() {
         ScriptedTurn::tool_call("search", "{}"),
     ]);
     let svc = agent(model, MiddlewareStack::new().push(limit));
-    let in_thread = || RunRequest::new("go").context(RunContext::builder().thread_id("t-1").build());
-    assert_eq!(svc.clone().oneshot(in_thread()).await.unwrap().output, "first done");
+    let in_thread =
+        || RunRequest::new("go").context(RunContext::builder().thread_id("t-1").build());
+    assert_eq!(
+        svc.clone().oneshot(in_thread()).await.unwrap().output,
+        "first done"
+    );
     let err = svc.oneshot(in_thread()).await.unwrap_err();
-    assert!(matches!(&err, AgentError::LimitExceeded(e) if e.limit == "tool calls per thread" && e.max == 3));
+    assert!(
+        matches!(&err, AgentError::LimitExceeded(e) if e.limit == "tool calls per thread" && e.max == 3)
+    );
 }
 
 fn parent() -> Agent {
@@ -132,17 +140,27 @@ async fn run_with(mw: ModelCallLimitMiddleware) -> Result<tower_agent::AgentRun,
 #[tokio::test]
 async fn a_nested_run_counts_toward_its_own_limit_and_optionally_the_roots() {
     // On their own, the parent makes 2 calls and the child 1: within 2 each.
-    let run = run_with(ModelCallLimitMiddleware::new().run_limit(2)).await.unwrap();
+    let run = run_with(ModelCallLimitMiddleware::new().run_limit(2))
+        .await
+        .unwrap();
     assert_eq!(run.output, "parent done");
     // Counted in the root too, the parent's second call is the root's third.
-    let err = run_with(ModelCallLimitMiddleware::new().run_limit(2).count_in_root(true))
-        .await
-        .unwrap_err();
+    let err = run_with(
+        ModelCallLimitMiddleware::new()
+            .run_limit(2)
+            .count_in_root(true),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(&err, AgentError::LimitExceeded(e) if e.limit == "model calls per run"));
     // A limit of 1 stops the child's call inside the nested run, and the
     // nested tripwire ends the parent run too.
-    let err = run_with(ModelCallLimitMiddleware::new().run_limit(1).count_in_root(true))
-        .await
-        .unwrap_err();
+    let err = run_with(
+        ModelCallLimitMiddleware::new()
+            .run_limit(1)
+            .count_in_root(true),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(&err, AgentError::LimitExceeded(e) if e.limit == "model calls per root run"));
 }

@@ -49,8 +49,8 @@
 //! # Ok(()) }
 //! ```
 
-mod builder_ext;
 pub mod budget;
+mod builder_ext;
 pub mod cache;
 pub mod circuit_breaker;
 pub mod fallback;

@@ -230,8 +230,11 @@ pub trait BudgetStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Reservation, BoxError>>;
 
     /// Gives the held amount back and charges `actual` on the same lines.
-    fn settle(&self, reservation: Reservation, actual: Spend)
-        -> BoxFuture<'_, Result<(), BoxError>>;
+    fn settle(
+        &self,
+        reservation: Reservation,
+        actual: Spend,
+    ) -> BoxFuture<'_, Result<(), BoxError>>;
 
     /// What `line` holds now.
     fn state<'a>(&'a self, line: &'a BudgetLine) -> BoxFuture<'a, Result<LineState, BoxError>>;
@@ -263,7 +266,10 @@ struct Memory {
 impl fmt::Debug for MemoryBudgetStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryBudgetStore")
-            .field("reservations", &self.inner.reservations.load(Ordering::Relaxed))
+            .field(
+                "reservations",
+                &self.inner.reservations.load(Ordering::Relaxed),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -305,7 +311,11 @@ impl MemoryBudgetStore {
         lines: &[BudgetLine],
         amount: Spend,
     ) -> Result<Reservation, BudgetExceeded> {
-        let mut entries = self.inner.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = self
+            .inner
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let windows: Vec<u64> = lines.iter().map(|l| self.window_of(l.window)).collect();
         for (line, &window) in lines.iter().zip(&windows) {
             if let Some(entry) = entries.get(&(line.budget.clone(), line.key.clone())) {
@@ -343,7 +353,11 @@ impl MemoryBudgetStore {
 
     /// Settles at once: the synchronous form of [`BudgetStore::settle`].
     pub fn settle_now(&self, reservation: Reservation, actual: Spend) {
-        let mut entries = self.inner.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = self
+            .inner
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         for held in reservation.lines {
             let entry = entries.entry((held.budget, held.key)).or_default();
             if entry.window == held.window {
@@ -358,7 +372,11 @@ impl MemoryBudgetStore {
     /// What `line` holds now, at once.
     pub fn state_now(&self, line: &BudgetLine) -> LineState {
         let window = self.window_of(line.window);
-        let entries = self.inner.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let entries = self
+            .inner
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         match entries.get(&(line.budget.clone(), line.key.clone())) {
             Some(entry) if entry.window == window => entry.state,
             _ => LineState::default(),

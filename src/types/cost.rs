@@ -22,7 +22,9 @@ use super::Usage;
 /// let b: Cost = "0.20".parse().unwrap();
 /// assert_eq!(a + b, "0.30".parse().unwrap()); // exactly, unlike 0.1 + 0.2 in f64
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct Cost(Decimal);
 
@@ -169,7 +171,9 @@ impl Price {
     pub fn ceiling(&self, input_tokens: u64, output_tokens: u64) -> Cost {
         let input = self.input.max(self.cached_input.unwrap_or(self.input));
         let output = self.output.max(self.reasoning.unwrap_or(self.output));
-        Cost((Decimal::from(input_tokens) * input + Decimal::from(output_tokens) * output) / MILLION)
+        Cost(
+            (Decimal::from(input_tokens) * input + Decimal::from(output_tokens) * output) / MILLION,
+        )
     }
 }
 
@@ -275,7 +279,10 @@ mod tests {
         assert_eq!(sum, "1".parse().unwrap());
         let json = serde_json::to_string(&"0.0000125".parse::<Cost>().unwrap()).unwrap();
         assert_eq!(json, "\"0.0000125\"");
-        assert_eq!(serde_json::from_str::<Cost>("0.25").unwrap(), Cost(dec("0.25")));
+        assert_eq!(
+            serde_json::from_str::<Cost>("0.25").unwrap(),
+            Cost(dec("0.25"))
+        );
     }
 
     #[test]

@@ -300,7 +300,10 @@ impl BudgetLayer {
     }
 
     /// Finds a call's tenant with `f` instead of the [`Tenant`] state.
-    pub fn tenant_fn(self, f: impl Fn(&ModelCall) -> Option<String> + Send + Sync + 'static) -> Self {
+    pub fn tenant_fn(
+        self,
+        f: impl Fn(&ModelCall) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
         self.map(|c| c.tenant_fn = Some(Arc::new(f)))
     }
 
@@ -369,10 +372,18 @@ impl Config {
         let run_key = format!("run:{}", ctx.run_id());
         let mut store_lines = Vec::new();
         if let Some(thread) = ctx.thread_id() {
-            store_lines.extend(self.thread.iter().map(|b| b.line(format!("thread:{thread}"))));
+            store_lines.extend(
+                self.thread
+                    .iter()
+                    .map(|b| b.line(format!("thread:{thread}"))),
+            );
         }
         if let Some(tenant) = self.tenant(call) {
-            store_lines.extend(self.tenant.iter().map(|b| b.line(format!("tenant:{tenant}"))));
+            store_lines.extend(
+                self.tenant
+                    .iter()
+                    .map(|b| b.line(format!("tenant:{tenant}"))),
+            );
         }
         let mark = Arc::new(Mark {
             owner,
@@ -534,7 +545,9 @@ fn recorded_since(ctx: &RunContext, before: Usage) -> Usage {
     Usage {
         input_tokens: now.input_tokens.saturating_sub(before.input_tokens),
         output_tokens: now.output_tokens.saturating_sub(before.output_tokens),
-        cached_input_tokens: now.cached_input_tokens.saturating_sub(before.cached_input_tokens),
+        cached_input_tokens: now
+            .cached_input_tokens
+            .saturating_sub(before.cached_input_tokens),
         reasoning_tokens: now.reasoning_tokens.saturating_sub(before.reasoning_tokens),
     }
 }
@@ -617,9 +630,11 @@ where
         Err(_) => recorded_since(&holds.ctx, holds.before),
     };
     let price = match &result {
-        Ok(response) if !response.model.is_empty() => {
-            config.prices.get(&response.model).cloned().or(holds.price.clone())
-        }
+        Ok(response) if !response.model.is_empty() => config
+            .prices
+            .get(&response.model)
+            .cloned()
+            .or(holds.price.clone()),
         _ => holds.price.clone(),
     };
     holds.settle(spend(price.as_ref(), &usage)).await;

@@ -105,7 +105,10 @@ async fn a_call_in_flight_holds_its_estimate() {
     let pending = tokio::spawn(svc.ready().await.unwrap().call(call(&ctx, "m")));
     tokio::task::yield_now().await;
     let line = tenant.line("tenant:acme");
-    assert_eq!(store.state_now(&line).reserved, Spend::new(cost("0.0002"), 150));
+    assert_eq!(
+        store.state_now(&line).reserved,
+        Spend::new(cost("0.0002"), 150)
+    );
     pending.await.unwrap().unwrap();
     assert_eq!(
         store.state_now(&line),
@@ -152,9 +155,19 @@ async fn unknown_models_are_refused_or_counted_in_tokens() {
         .unknown_models(UnknownModel::CountTokens)
         .per_run(Budget::new("run").max_tokens(170));
     let mut svc = layer.layer(model);
-    svc.ready().await.unwrap().call(call(&ctx, "other")).await.unwrap();
+    svc.ready()
+        .await
+        .unwrap()
+        .call(call(&ctx, "other"))
+        .await
+        .unwrap();
     // 20 spent + 150 estimated = 170 fits; the third call would not.
-    svc.ready().await.unwrap().call(call(&ctx, "other")).await.unwrap();
+    svc.ready()
+        .await
+        .unwrap()
+        .call(call(&ctx, "other"))
+        .await
+        .unwrap();
     let err = svc
         .ready()
         .await
@@ -181,8 +194,18 @@ async fn a_nested_run_draws_on_its_parents_lines_and_tenant() {
         .build();
     let child = root.child();
     let mut svc = layer.layer(model);
-    svc.ready().await.unwrap().call(call(&root, "m")).await.unwrap();
-    svc.ready().await.unwrap().call(call(&child, "m")).await.unwrap();
+    svc.ready()
+        .await
+        .unwrap()
+        .call(call(&root, "m"))
+        .await
+        .unwrap();
+    svc.ready()
+        .await
+        .unwrap()
+        .call(call(&child, "m"))
+        .await
+        .unwrap();
     // The child's own run line has room; the root's has 0 left.
     let err = svc
         .ready()

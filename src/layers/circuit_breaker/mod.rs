@@ -152,10 +152,7 @@ struct Shared {
 
 impl Shared {
     fn breaker(&self, key: &ModelName) -> Arc<Mutex<Breaker>> {
-        let mut breakers = self
-            .breakers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut breakers = self.breakers.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(breaker) = breakers.get(key.as_str()) {
             return breaker.clone();
         }
@@ -292,6 +289,7 @@ impl<S> Layer<S> for CircuitBreakerLayer {
         CircuitBreaker {
             inner,
             shared: self.shared.clone(),
+            last: None,
         }
     }
 }
@@ -306,6 +304,8 @@ impl<S> Layer<S> for CircuitBreakerLayer {
 pub struct CircuitBreaker<S> {
     inner: S,
     shared: Arc<Shared>,
+    /// The breaker of the last key called, to skip the map next time.
+    last: Option<(ModelName, Arc<Mutex<Breaker>>)>,
 }
 
 impl<S> CircuitBreaker<S> {
@@ -349,11 +349,18 @@ where
 
     fn call(&mut self, call: ModelCall) -> Self::Future {
         let key = self.shared.key(&call);
-        let breaker = self.shared.breaker(&key);
+        let breaker = match &self.last {
+            Some((last, breaker)) if *last == key => breaker.clone(),
+            _ => {
+                let breaker = self.shared.breaker(&key);
+                self.last = Some((key.clone(), breaker.clone()));
+                breaker
+            }
+        };
         let admission = breaker
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .admit(&self.shared.config, Instant::now());
+            .admit(&self.shared.config, Instant::now);
         match admission {
             Admission::Reject { retry_after } => {
                 tracing::debug!(%key, ?retry_after, "circuit open: call refused");
@@ -424,7 +431,7 @@ pub mod future {
                 .breaker
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .record(&self.shared.config, self.probe, outcome, Instant::now());
+                .record(&self.shared.config, self.probe, outcome, Instant::now);
             match changed {
                 Some(CircuitState::Open { .. }) => {
                     tracing::warn!(key = %self.key, "circuit opened: the provider keeps failing")

@@ -128,7 +128,12 @@ impl Breaker {
         }
     }
 
-    pub(super) fn admit(&mut self, config: &Config, now: Instant) -> Admission {
+    /// Whether a new call may go; reads the clock only when not closed.
+    pub(super) fn admit(&mut self, config: &Config, now: impl FnOnce() -> Instant) -> Admission {
+        if self.state == CircuitState::Closed {
+            return Admission::Pass;
+        }
+        let now = now();
         match self.state {
             CircuitState::Closed => Admission::Pass,
             CircuitState::Open { until } if now < until => Admission::Reject {
@@ -149,12 +154,13 @@ impl Breaker {
     }
 
     /// Records how a call ended; returns the new state when it changed.
+    /// Reads the clock only when it needs the time (a window, or opening).
     pub(super) fn record(
         &mut self,
         config: &Config,
         probe: bool,
         outcome: Outcome,
-        now: Instant,
+        now: impl Fn() -> Instant,
     ) -> Option<CircuitState> {
         if probe {
             self.probes = self.probes.saturating_sub(1);
@@ -166,7 +172,7 @@ impl Breaker {
         match self.state {
             CircuitState::HalfOpen if probe => {
                 if failed {
-                    self.open(config, now)
+                    self.open(config, now())
                 } else {
                     self.close()
                 }
@@ -176,7 +182,7 @@ impl Breaker {
             CircuitState::Open { .. } | CircuitState::HalfOpen => None,
             CircuitState::Closed => {
                 if let Some(window) = &mut self.window {
-                    window.record(now, failed);
+                    window.record(now(), failed);
                 }
                 if !failed {
                     self.consecutive = 0;
@@ -184,9 +190,9 @@ impl Breaker {
                 }
                 self.consecutive += 1;
                 if config.consecutive.is_some_and(|n| self.consecutive >= n)
-                    || self.rate_exceeded(config, now)
+                    || self.rate_exceeded(config, now())
                 {
-                    self.open(config, now)
+                    self.open(config, now())
                 } else {
                     None
                 }

@@ -110,7 +110,11 @@ async fn open_refuses_at_once_with_when_it_tries_again() {
     assert_eq!(retry_after(err.as_ref()), Some(Duration::from_secs(15)));
     let err = AgentError::classify(err);
     assert_eq!(err.code(), "PROVIDER_UNAVAILABLE");
-    assert_eq!(provider.calls(), 1, "the provider was not called while open");
+    assert_eq!(
+        provider.calls(),
+        1,
+        "the provider was not called while open"
+    );
 }
 
 #[tokio::test(start_paused = true)]

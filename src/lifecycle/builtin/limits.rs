@@ -420,7 +420,9 @@ mod tests {
         model_turn(&own, &root).await.unwrap();
         model_turn(&own, &root.child()).await.unwrap();
 
-        let shared = ModelCallLimitMiddleware::new().run_limit(2).count_in_root(true);
+        let shared = ModelCallLimitMiddleware::new()
+            .run_limit(2)
+            .count_in_root(true);
         let root = RunContext::new();
         model_turn(&shared, &root).await.unwrap();
         let child = root.child();
@@ -449,11 +451,19 @@ mod tests {
     async fn one_tool_or_all_exhausted_or_failing() {
         let search = ToolCallLimitMiddleware::tool("search").run_limit(1);
         let ctx = RunContext::new();
-        assert_eq!(tool_turn(&search, &ctx, "search").await, ToolDecision::Continue);
-        assert_eq!(tool_turn(&search, &ctx, "fetch").await, ToolDecision::Continue);
+        assert_eq!(
+            tool_turn(&search, &ctx, "search").await,
+            ToolDecision::Continue
+        );
+        assert_eq!(
+            tool_turn(&search, &ctx, "fetch").await,
+            ToolDecision::Continue
+        );
         match tool_turn(&search, &ctx, "search").await {
             ToolDecision::Deny { reason } => assert!(
-                reason.starts_with("The tool `search` is exhausted: at most 1 calls of `search` per run"),
+                reason.starts_with(
+                    "The tool `search` is exhausted: at most 1 calls of `search` per run"
+                ),
                 "{reason}"
             ),
             other => panic!("expected a deny, got {other:?}"),
