@@ -6,7 +6,8 @@ use tower::{Layer, Service, ServiceExt};
 
 use super::*;
 use crate::error::{AgentError, BudgetExceeded, ErrorKind};
-use crate::types::{Amount, Decimal, Message};
+use crate::stores::budget::Reservation;
+use crate::types::{Amount, Decimal, Message, Price, Usage};
 use crate::{ScriptedModel, ScriptedTurn};
 
 fn cost(s: &str) -> Cost {
