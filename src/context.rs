@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::event::{AgentEvent, EventSink, NoopSink};
-use crate::types::{StopReason, Usage};
+use crate::types::{Cost, PriceTable, StopReason, Usage};
 
 /// One entry of the usage ledger: one model call that reached a backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,12 +45,17 @@ pub struct UsageEntry {
     pub model: String,
     /// What it cost.
     pub usage: Usage,
+    /// Its price, when the run has a price table
+    /// ([`set_prices`](RunContext::set_prices)) that knows the model.
+    pub cost: Option<Cost>,
 }
 
 #[derive(Debug, Default)]
 struct Ledger {
     own: Usage,
     total: Usage,
+    own_cost: Option<Cost>,
+    total_cost: Option<Cost>,
     entries: Vec<UsageEntry>,
 }
 
@@ -77,6 +82,7 @@ struct Inner {
     started: Instant,
     state: Mutex<http::Extensions>,
     ledger: Mutex<Ledger>,
+    prices: OnceLock<Arc<PriceTable>>,
     events: Arc<dyn EventSink>,
     /// The hook points installed in the run (see `crate::hooks`), opaque here.
     port: RwLock<Option<PortSlot>>,
@@ -135,6 +141,12 @@ impl RunContext {
                 started: self.inner.started,
                 state: Mutex::default(),
                 ledger: Mutex::default(),
+                prices: self
+                    .inner
+                    .prices
+                    .get()
+                    .cloned()
+                    .map_or_else(OnceLock::new, OnceLock::from),
                 events: self.inner.events.clone(),
                 port: RwLock::new(self.port_slot()),
                 hook_failed: AtomicBool::new(false),
@@ -265,17 +277,35 @@ impl RunContext {
     /// nested in. Providers call this; see
     /// [`ModelResponse::usage_recorded`](crate::types::ModelResponse::usage_recorded).
     pub fn record_usage(&self, model: &str, usage: Usage) {
+        let cost = self.inner.prices.get().and_then(|p| p.cost(model, &usage));
         let entry = UsageEntry {
             run_id: self.inner.run_id.clone(),
             agent: self.agent_name().cloned(),
             model: model.to_owned(),
             usage,
+            cost,
         };
-        lock(&self.inner.ledger).own += usage;
+        let mut own = lock(&self.inner.ledger);
+        own.own += usage;
+        if let Some(cost) = cost {
+            *own.own_cost.get_or_insert(Cost::ZERO) += cost;
+        }
+        drop(own);
+        if let Some(cost) = cost {
+            self.emit(|| AgentEvent::CostRecorded {
+                run_id: self.inner.run_id.clone(),
+                model: model.to_owned(),
+                usage,
+                cost,
+            });
+        }
         let mut ctx = Some(self);
         while let Some(c) = ctx {
             let mut ledger = lock(&c.inner.ledger);
             ledger.total += usage;
+            if let Some(cost) = cost {
+                *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
+            }
             ledger.entries.push(entry.clone());
             drop(ledger);
             ctx = c.parent();
@@ -297,6 +327,29 @@ impl RunContext {
     /// The usage of this run and of every run nested in it.
     pub fn total_usage(&self) -> Usage {
         lock(&self.inner.ledger).total
+    }
+
+    /// The priced cost of this run's own model calls, once a price table
+    /// priced one.
+    pub fn cost(&self) -> Option<Cost> {
+        lock(&self.inner.ledger).own_cost
+    }
+
+    /// The priced cost of this run and every run nested in it.
+    pub fn total_cost(&self) -> Option<Cost> {
+        lock(&self.inner.ledger).total_cost
+    }
+
+    /// Prices this run's usage (and its nested runs', when they start after
+    /// this) with `prices`: each [`UsageEntry`] gets its cost. The first
+    /// table set stays; a budget layer sets its own.
+    pub fn set_prices(&self, prices: &Arc<PriceTable>) {
+        let _ = self.inner.prices.set(prices.clone());
+    }
+
+    /// The price table of the run, if one was set.
+    pub fn prices(&self) -> Option<&Arc<PriceTable>> {
+        self.inner.prices.get()
     }
 
     /// One entry per model call of this run and the runs nested in it, in
@@ -559,6 +612,7 @@ impl RunContextBuilder {
                 started: Instant::now(),
                 state: Mutex::new(self.state),
                 ledger: Mutex::default(),
+                prices: OnceLock::new(),
                 events: self.events.unwrap_or_else(|| Arc::new(NoopSink)),
                 port: RwLock::new(None),
                 hook_failed: AtomicBool::new(false),

@@ -34,6 +34,7 @@
 
 mod cache_guard;
 mod compression;
+pub mod limits;
 mod trim;
 mod usage;
 

@@ -103,6 +103,7 @@ impl Run {
             structured,
             usage: self.ctx.usage(),
             usage_total: self.ctx.total_usage(),
+            cost: self.ctx.total_cost(),
             counters: self.counters,
             status,
         }
