@@ -1,7 +1,6 @@
 //! The production stack of the README, with the prelude: the model stack is
 //! tower layers (retry ▸ timeout ▸ fallback ▸ cache ▸ rate limit ▸ PII
-//! nearest the model), and a `LifecycleLayer` brackets the run with a
-//! middleware that guards its input. The layered agent keeps `run`.
+//! nearest the model), and the agent's own middleware guards its input.
 //!
 //! ```sh
 //! cargo run --example production
@@ -11,40 +10,14 @@ use std::time::Duration;
 
 use tower_agent::prelude::*;
 
-/// An input guard: refunds go to a person.
-struct RefundGuard;
-
-impl Middleware for RefundGuard {
-    fn name(&self) -> &str {
-        "refund-guard"
-    }
-
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_RUN
-    }
-
-    fn before_run<'a>(
-        &'a self,
-        _ctx: &'a RunContext,
-        input: &'a mut Message,
-        _messages: &'a [Message],
-    ) -> Hook<'a, Option<String>> {
-        if input.text().contains("refund") {
-            return Hook::err(tripwire("refunds go to a person"));
-        }
-        Hook::ok(None)
-    }
-}
-
 /// Builds the stack, runs it twice, and checks both answers.
 #[tokio::main(flavor = "current_thread")]
 pub(crate) async fn main() -> Result<(), AgentError> {
-    let limits = ModelRateLimitLayer::builder()
+    let limits = ModelRateLimitLayer::new()
         .requests(500, Duration::from_secs(60))
-        .tokens(200_000, Duration::from_secs(60))
-        .build()?;
+        .tokens(200_000, Duration::from_secs(60));
     let model = ServiceBuilder::new()
-        .llm_retry(RetryPolicy::new())
+        .llm_retry(LlmRetryLayer::new())
         .call_timeout(Duration::from_secs(60))
         .fallback_models(["backup-model"])
         .response_cache(CacheLayer::new())
@@ -54,11 +27,19 @@ pub(crate) async fn main() -> Result<(), AgentError> {
             "I have written to <EMAIL_1>.",
         )]));
 
+    // An input guard: refunds go to a person.
+    let guard = MiddlewareStack::new().before_run("refund-guard", |_ctx, input| {
+        if input.text().contains("refund") {
+            return Err(tripwire("refunds go to a person").into());
+        }
+        Ok(())
+    });
+
     let agent = Agent::builder("support")
         .model(model)
         .model_name("main-model")
+        .middleware(guard)
         .build()?;
-    let agent = LifecycleLayer::new(MiddlewareStack::new().push(RefundGuard)).layer(agent);
 
     let run = agent.run("Mail ann@example.com").await?;
     assert_eq!(run.output, "I have written to ann@example.com.");

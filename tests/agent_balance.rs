@@ -14,7 +14,7 @@ use serde::Deserialize;
 use tower::{Layer, ServiceExt};
 use tower_agent::event::{AgentEvent, CollectingSink};
 use tower_agent::hooks::{ToolDecision, ToolVerdict};
-use tower_agent::lifecycle::{Hook, HookSet, LifecycleLayer, Middleware, MiddlewareStack};
+use tower_agent::lifecycle::{Hook, LifecycleLayer, Middleware, MiddlewareStack};
 use tower_agent::types::{ModelResponse, RunStatus, ToolCall};
 use tower_agent::{
     tool_fn, tool_fn_ctx, tripwire, Agent, AgentBuilder, AgentError, BoxError, ErrorKind,
@@ -335,11 +335,6 @@ impl Middleware for Hooks {
         "hooks"
     }
 
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_TOOL
-            .union(HookSet::AFTER_TOOL)
-            .union(HookSet::AFTER_MODEL)
-    }
 
     fn before_tool<'a>(
         &'a self,
