@@ -34,6 +34,7 @@
 
 mod cache_guard;
 mod compression;
+pub mod guards;
 mod trim;
 mod usage;
 
