@@ -8,11 +8,11 @@ use std::sync::{Arc, OnceLock};
 
 use aho_corasick::AhoCorasick;
 use futures::future::BoxFuture;
-use regex::{Regex, RegexSet};
 
 use super::decode::{payloads, Payload};
 use super::detector::{excerpt, Detection, Evidence, Family, InjectionDetector, View};
 use super::families::{FOLDED, PATTERNS};
+use super::matcher::Matcher;
 use super::normalize::{fold, looks_obfuscated, normalize};
 use crate::context::RunContext;
 use crate::error::BoxError;
@@ -27,8 +27,7 @@ const DISCUSSION_DAMPING: f32 = 0.6;
 const MAX_DEPTH: u8 = 2;
 
 struct Compiled {
-    set: RegexSet,
-    regexes: Vec<Regex>,
+    patterns: Matcher,
     folded: AhoCorasick,
 }
 
@@ -53,7 +52,7 @@ pub struct HeuristicDetector {
 impl fmt::Debug for HeuristicDetector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HeuristicDetector")
-            .field("patterns", &self.compiled.regexes.len())
+            .field("patterns", &self.compiled.patterns.len())
             .finish()
     }
 }
@@ -76,20 +75,11 @@ struct Hit {
 impl HeuristicDetector {
     /// The detector with its built-in patterns.
     pub fn new() -> Self {
-        let sources: Vec<String> = PATTERNS.iter().map(|(_, _, p)| format!("(?i){p}")).collect();
-        let set = RegexSet::new(&sources).expect("the built-in patterns compile");
-        let regexes = sources
-            .iter()
-            .map(|p| Regex::new(p).expect("the built-in patterns compile"))
-            .collect();
+        let patterns = Matcher::new(PATTERNS.iter().map(|(_, _, hints, p)| (*hints, *p)));
         let folded = AhoCorasick::new(FOLDED.iter().map(|(_, _, p)| p))
             .expect("the folded phrases compile");
         Self {
-            compiled: Arc::new(Compiled {
-                set,
-                regexes,
-                folded,
-            }),
+            compiled: Arc::new(Compiled { patterns, folded }),
         }
     }
 
@@ -139,22 +129,19 @@ impl HeuristicDetector {
     }
 
     fn match_patterns(&self, text: &str, view: View, hits: &mut Vec<Hit>) {
-        let matched = self.compiled.set.matches(text);
-        if !matched.matched_any() {
-            return;
-        }
         let start = hits.len();
-        for i in matched.iter() {
-            let (family, weight, _) = PATTERNS[i];
-            if let Some(m) = self.compiled.regexes[i].find(text) {
-                hits.push(Hit {
-                    family,
-                    weight: weight * quote_damping(text, m.range()),
-                    view,
-                    span: m.range(),
-                    excerpt: excerpt(m.as_str(), 80),
-                });
-            }
+        self.compiled.patterns.find(text, |i, span| {
+            let (family, weight, _, _) = PATTERNS[i];
+            hits.push(Hit {
+                family,
+                weight: weight * quote_damping(text, span.clone()),
+                view,
+                excerpt: excerpt(&text[span.clone()], 80),
+                span,
+            });
+        });
+        if hits.len() == start {
+            return;
         }
         // An instruction inside hidden markup weighs more than either.
         let hidden: Vec<Range<usize>> = hits[start..]

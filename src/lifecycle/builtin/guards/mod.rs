@@ -8,6 +8,7 @@ mod decode;
 mod detector;
 mod families;
 mod heuristic;
+mod matcher;
 mod normalize;
 
 pub use detector::{Detection, Evidence, Family, InjectionDetector, View};
