@@ -92,8 +92,12 @@ fn bench(c: &mut Criterion) {
     let doc = prose(64 * 1024);
     let mut group = c.benchmark_group("injection_prose");
     group.throughput(Throughput::Bytes(doc.len() as u64));
-    group.bench_function("heuristic/64KiB", |b| b.iter(|| black_box(detector.scan(black_box(&doc)))));
-    group.bench_function("regex_set/64KiB", |b| b.iter(|| black_box(set.is_match(black_box(&doc)))));
+    group.bench_function("heuristic/64KiB", |b| {
+        b.iter(|| black_box(detector.scan(black_box(&doc))))
+    });
+    group.bench_function("regex_set/64KiB", |b| {
+        b.iter(|| black_box(set.is_match(black_box(&doc))))
+    });
     group.finish();
 }
 

@@ -52,7 +52,10 @@ fn the_heuristic_detector_meets_its_targets_on_the_corpus() {
         let flagged = detector.scan(&row.text).score >= THRESHOLD;
         for (map, key) in [
             (&mut by_kind, row.kind.clone()),
-            (&mut by_detail, format!("{}/{}/{}", row.label, row.lang, row.technique)),
+            (
+                &mut by_detail,
+                format!("{}/{}/{}", row.label, row.lang, row.technique),
+            ),
         ] {
             let t = map.entry(key).or_default();
             t.total += 1;
@@ -75,7 +78,10 @@ fn the_heuristic_detector_meets_its_targets_on_the_corpus() {
             let recall = t.rate();
             let precision = t.flagged as f64 / (t.flagged + false_positives).max(1) as f64;
             let f1 = 2.0 * precision * recall / (precision + recall).max(f64::EPSILON);
-            println!("{kind:<13} {:>3}   {recall:.3}    {precision:.3}    {f1:.3}", t.total);
+            println!(
+                "{kind:<13} {:>3}   {recall:.3}    {precision:.3}    {f1:.3}",
+                t.total
+            );
         }
     }
     let attacks: Vec<&Tally> = by_kind
@@ -83,7 +89,9 @@ fn the_heuristic_detector_meets_its_targets_on_the_corpus() {
         .filter(|(k, _)| *k != "benign" && *k != "hard_negative")
         .map(|(_, t)| t)
         .collect();
-    let (tp, n) = attacks.iter().fold((0, 0), |(a, b), t| (a + t.flagged, b + t.total));
+    let (tp, n) = attacks
+        .iter()
+        .fold((0, 0), |(a, b), t| (a + t.flagged, b + t.total));
     let recall = tp as f64 / n as f64;
     let precision = tp as f64 / (tp + false_positives) as f64;
     println!(
@@ -104,5 +112,8 @@ fn the_heuristic_detector_meets_its_targets_on_the_corpus() {
         assert!(recall >= 0.90, "recall on {kind} is {recall:.3}");
     }
     let fpr = by_kind["hard_negative"].rate();
-    assert!(fpr <= 0.02, "false-positive rate on hard negatives is {fpr:.3}");
+    assert!(
+        fpr <= 0.02,
+        "false-positive rate on hard negatives is {fpr:.3}"
+    );
 }

@@ -34,6 +34,7 @@
 
 mod cache_guard;
 mod compression;
+#[cfg(feature = "guards")]
 pub mod guards;
 mod trim;
 mod usage;

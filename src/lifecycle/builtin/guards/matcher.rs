@@ -71,8 +71,13 @@ fn literals(hir: &regex_syntax::hir::Hir, side: Side) -> Option<Vec<Vec<u8>>> {
         _ => seq.optimize_for_prefix_by_preference(),
     }
     let lits = seq.literals()?;
-    let ok = !lits.is_empty() && lits.len() <= MAX_ANCHORS && lits.iter().all(|l| l.len() >= MIN_ANCHOR);
-    ok.then(|| lits.iter().map(|l| l.as_bytes().to_ascii_lowercase()).collect())
+    let ok =
+        !lits.is_empty() && lits.len() <= MAX_ANCHORS && lits.iter().all(|l| l.len() >= MIN_ANCHOR);
+    ok.then(|| {
+        lits.iter()
+            .map(|l| l.as_bytes().to_ascii_lowercase())
+            .collect()
+    })
 }
 
 impl Matcher {
@@ -96,9 +101,16 @@ impl Matcher {
                 .parse(&source[4..])
                 .expect("a built-in pattern parses");
             let reach = hir.properties().maximum_len().unwrap_or(DEFAULT_REACH);
-            patterns.push(Compiled { regex, source, reach });
+            patterns.push(Compiled {
+                regex,
+                source,
+                reach,
+            });
             let hinted = (!hints.is_empty()).then(|| {
-                let lits = hints.iter().map(|h| h.as_bytes().to_ascii_lowercase()).collect();
+                let lits = hints
+                    .iter()
+                    .map(|h| h.as_bytes().to_ascii_lowercase())
+                    .collect();
                 (lits, Side::Inner)
             });
             let anchors = hinted
@@ -161,8 +173,13 @@ impl Matcher {
                 let reach = self.patterns[p].reach;
                 let w = match side {
                     Side::Prefix => {
-                        let end = floor_char_boundary(text, m.start().saturating_add(reach).min(text.len()));
-                        let input = Input::new(text).range(m.start()..end).anchored(Anchored::Yes);
+                        let end = floor_char_boundary(
+                            text,
+                            m.start().saturating_add(reach).min(text.len()),
+                        );
+                        let input = Input::new(text)
+                            .range(m.start()..end)
+                            .anchored(Anchored::Yes);
                         if let Some(found_at) = self.patterns[p].regex.search(&input) {
                             done[p] = true;
                             found(p, found_at.range());
@@ -171,7 +188,8 @@ impl Matcher {
                     }
                     Side::Suffix => m.end().saturating_sub(reach)..m.end(),
                     Side::Inner => {
-                        m.start().saturating_sub(reach)..m.end().saturating_add(reach).min(text.len())
+                        m.start().saturating_sub(reach)
+                            ..m.end().saturating_add(reach).min(text.len())
                     }
                 };
                 match windows.iter_mut().rev().find(|(q, _)| *q == p) {
@@ -186,7 +204,10 @@ impl Matcher {
             }
             let end = floor_char_boundary(text, w.end);
             let start = floor_char_boundary(text, w.start);
-            if let Some(m) = self.patterns[p].regex.search(&Input::new(text).range(start..end)) {
+            if let Some(m) = self.patterns[p]
+                .regex
+                .search(&Input::new(text).range(start..end))
+            {
                 done[p] = true;
                 found(p, m.range());
             }
@@ -230,7 +251,12 @@ mod tests {
         let want: Vec<(usize, Range<usize>)> = sources
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| regex::Regex::new(&format!("(?i){s}")).unwrap().find(text).map(|m| (i, m.range())))
+            .filter_map(|(i, s)| {
+                regex::Regex::new(&format!("(?i){s}"))
+                    .unwrap()
+                    .find(text)
+                    .map(|m| (i, m.range()))
+            })
             .collect();
         assert_eq!(got, want);
         assert_eq!(m.len(), 4);
@@ -243,10 +269,17 @@ mod builtin_tests {
 
     #[test]
     fn nearly_every_built_in_pattern_is_anchored() {
-        let m = Matcher::new(super::super::families::PATTERNS.iter().map(|(_, _, h, p)| (*h, *p)));
-        let unanchored: Vec<&str> = m.unanchored.iter().map(|&i| super::super::families::PATTERNS[i].3).collect();
+        let m = Matcher::new(
+            super::super::families::PATTERNS
+                .iter()
+                .map(|(_, _, h, p)| (*h, *p)),
+        );
+        let unanchored: Vec<&str> = m
+            .unanchored
+            .iter()
+            .map(|&i| super::super::families::PATTERNS[i].3)
+            .collect();
         println!("unanchored: {unanchored:#?}");
         assert!(unanchored.is_empty(), "{unanchored:#?}");
     }
 }
-

@@ -107,7 +107,8 @@ pub(crate) fn looks_obfuscated(text: &str) -> bool {
             return true;
         }
         // A letter with a separator on both sides, as in "a.b.c".
-        if cur.is_ascii_alphabetic() && matches!(prev, b' ' | b'.' | b'-' | b'_' | b'*')
+        if cur.is_ascii_alphabetic()
+            && matches!(prev, b' ' | b'.' | b'-' | b'_' | b'*')
             && matches!(next, b' ' | b'.' | b'-' | b'_' | b'*')
         {
             isolated_run += 1;
