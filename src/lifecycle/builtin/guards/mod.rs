@@ -75,9 +75,11 @@ mod matcher;
 mod model;
 mod normalize;
 mod spotlight;
+pub mod stream;
 
 pub use detector::{Detection, Evidence, Family, InjectionDetector, View};
 pub use heuristic::HeuristicDetector;
 pub use injection::{InjectionGuardMiddleware, InjectionMode};
 pub use model::ModelDetector;
 pub use spotlight::Spotlight;
+pub use stream::{guard_text, Blocked, GuardVerdict, Released, StreamGuard};
