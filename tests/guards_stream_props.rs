@@ -90,3 +90,63 @@ proptest! {
         }
     }
 }
+
+mod full_run {
+    use std::sync::{Arc, Mutex};
+
+    use proptest::prelude::*;
+    use tower::{Layer, ServiceExt};
+    use tower_agent::lifecycle::builtin::guards::{guard_text, StreamingOutputGuard};
+    use tower_agent::lifecycle::{LifecycleLayer, MiddlewareStack};
+    use tower_agent::types::ModelDelta;
+    use tower_agent::{Agent, AgentError, DeltaSink, RunRequest, ScriptedModel, ScriptedTurn};
+
+    fn streamed_run(text: &str, chunk: usize, hold: usize) -> (Result<String, AgentError>, String) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let seen = Arc::new(Mutex::new(String::new()));
+            let sink_seen = seen.clone();
+            let sink = DeltaSink::new(move |d| {
+                if let ModelDelta::Text { text } = d {
+                    sink_seen.lock().unwrap().push_str(text);
+                }
+            });
+            let model = ScriptedModel::new([ScriptedTurn::text(text).chunk_chars(chunk)]);
+            let agent = Agent::builder("a").model(model).build().unwrap();
+            let guard = StreamingOutputGuard::new("output-guard", super::check).max_hold(hold);
+            let run = LifecycleLayer::new(MiddlewareStack::new().push_model(guard))
+                .layer(agent)
+                .oneshot(RunRequest::new("q").stream(sink))
+                .await;
+            let seen = seen.lock().unwrap().clone();
+            (run.map(|r| r.output), seen)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn a_streamed_run_sends_exactly_the_guarded_text(
+            text in super::text().prop_filter("an answer", |t| !t.is_empty()),
+            chunk in 1usize..12,
+            hold in 1usize..40,
+        ) {
+            let (run, seen) = streamed_run(&text, chunk, hold);
+            match (guard_text(&text, hold, super::check), run) {
+                (Ok(full), Ok(output)) => {
+                    prop_assert_eq!(&seen, &full);
+                    prop_assert_eq!(output, full);
+                }
+                (Err((released, _)), Err(err)) => {
+                    prop_assert_eq!(seen, released);
+                    let tripped = matches!(&err, AgentError::Tripwire { middleware, .. } if middleware == "output-guard");
+                    prop_assert!(tripped, "{:?}", err);
+                }
+                (e, r) => prop_assert!(false, "guarded {:?}, run {:?}", e, r),
+            }
+        }
+    }
+}

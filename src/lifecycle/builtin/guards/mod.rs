@@ -1,4 +1,5 @@
-//! Guards: the prompt-injection guard.
+//! Guards: the prompt-injection guard, and the streaming output guard
+//! ([`StreamingOutputGuard`], over the [`StreamGuard`] release window).
 //!
 //! [`InjectionGuardMiddleware`] scores the run's input (`before_run`) and,
 //! the indirect path, every tool result (`after_tool`) with an
@@ -76,6 +77,7 @@ mod model;
 mod normalize;
 mod spotlight;
 pub mod stream;
+mod streaming;
 
 pub use detector::{Detection, Evidence, Family, InjectionDetector, View};
 pub use heuristic::HeuristicDetector;
@@ -83,3 +85,4 @@ pub use injection::{InjectionGuardMiddleware, InjectionMode};
 pub use model::ModelDetector;
 pub use spotlight::Spotlight;
 pub use stream::{guard_text, Blocked, GuardVerdict, Released, StreamGuard};
+pub use streaming::StreamingOutputGuard;
