@@ -88,9 +88,9 @@ fn next_cut(seg: &str, max_hold: usize, complete: bool) -> Option<usize> {
         let head = &seg[..floor_char_boundary(seg, max_hold)];
         let cut = head
             .char_indices()
-            .filter(|(_, c)| c.is_whitespace())
+            .rev()
+            .find(|(_, c)| c.is_whitespace())
             .map(|(i, c)| i + c.len_utf8())
-            .last()
             .filter(|&i| i > 0)
             .unwrap_or(head.len());
         return Some(cut.max(seg.chars().next().map_or(1, char::len_utf8)));
