@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 
 use super::decode::{payloads, Payload};
 use super::detector::{excerpt, Detection, Evidence, Family, InjectionDetector, View};
-use super::families::{FOLDED, PATTERNS};
+use super::families::{self, Pattern, FOLDED};
 use super::matcher::Matcher;
 use super::normalize::{fold, looks_obfuscated, normalize};
 use crate::context::RunContext;
@@ -27,6 +27,7 @@ const DISCUSSION_DAMPING: f32 = 0.6;
 const MAX_DEPTH: u8 = 2;
 
 struct Compiled {
+    table: Vec<&'static Pattern>,
     patterns: Matcher,
     folded: AhoCorasick,
 }
@@ -75,11 +76,16 @@ struct Hit {
 impl HeuristicDetector {
     /// The detector with its built-in patterns.
     pub fn new() -> Self {
-        let patterns = Matcher::new(PATTERNS.iter().map(|(_, _, hints, p)| (*hints, *p)));
+        let table: Vec<&'static Pattern> = families::all().collect();
+        let patterns = Matcher::new(table.iter().map(|(_, _, hints, p)| (*hints, *p)));
         let folded =
             AhoCorasick::new(FOLDED.iter().map(|(_, _, p)| p)).expect("the folded phrases compile");
         Self {
-            compiled: Arc::new(Compiled { patterns, folded }),
+            compiled: Arc::new(Compiled {
+                table,
+                patterns,
+                folded,
+            }),
         }
     }
 
@@ -131,7 +137,7 @@ impl HeuristicDetector {
     fn match_patterns(&self, text: &str, view: View, hits: &mut Vec<Hit>) {
         let start = hits.len();
         self.compiled.patterns.find(text, |i, span| {
-            let (family, weight, _, _) = PATTERNS[i];
+            let (family, weight, _, _) = *self.compiled.table[i];
             hits.push(Hit {
                 family,
                 weight: weight * quote_damping(text, span.clone()),

@@ -72,6 +72,7 @@ mod detector;
 mod families;
 mod heuristic;
 mod injection;
+mod markup;
 mod matcher;
 mod model;
 mod normalize;
