@@ -10,7 +10,7 @@ use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_agent::event::{AgentEvent, CollectingSink};
 use tower_agent::layers::budget::{Budget, BudgetLayer, Tenant};
 use tower_agent::layers::fallback::FallbackLayer;
-use tower_agent::layers::retry::{Backoff, RetryLayer, RetryPolicy};
+use tower_agent::layers::retry::{Backoff, LlmRetryLayer, RetryPolicy};
 use tower_agent::stores::budget::{MemoryBudgetStore, Spend};
 use tower_agent::types::{Amount, Cost, Decimal, Message, ModelResponse, Price, PriceTable, Usage};
 use tower_agent::{
@@ -83,10 +83,10 @@ async fn the_cost_is_exact_under_retry_and_fallback() {
     let store = MemoryBudgetStore::new();
     let tenant = Budget::new("tenant").max_cost(cost("1")).daily();
     let model = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3).backoff(
+        .layer(LlmRetryLayer::from(RetryPolicy::new().max_attempts(3).backoff(
             Backoff::new(Duration::from_millis(100), Duration::from_secs(1)),
         )))
-        .layer(FallbackLayer::models(["small"]))
+        .layer(FallbackLayer::new().models(["small"]))
         .layer(
             BudgetLayer::new(prices)
                 .store(store.clone())

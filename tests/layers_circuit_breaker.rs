@@ -28,7 +28,7 @@ fn fallbacks(sink: &CollectingSink) -> Vec<(String, String, &'static str)> {
     sink.events()
         .into_iter()
         .filter_map(|e| match e {
-            AgentEvent::FallbackUsed { from, to, code, .. } => Some((from, to, code)),
+            AgentEvent::FallbackUsed { from, to, code, .. } => Some((from.into(), to.into(), code)),
             _ => None,
         })
         .collect()

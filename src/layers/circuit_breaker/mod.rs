@@ -41,7 +41,7 @@
 //! });
 //! let breaker = CircuitBreakerLayer::new().consecutive_failures(2).open_for(Duration::from_secs(60));
 //! let model = ServiceBuilder::new()
-//!     .layer(FallbackLayer::models(["small"]))
+//!     .layer(FallbackLayer::new().models(["small"]))
 //!     .layer(breaker.clone())
 //!     .service(provider);
 //! let agent = Agent::builder("assistant").model(model).model_name("big").build()?;

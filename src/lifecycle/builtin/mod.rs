@@ -34,6 +34,8 @@
 
 mod cache_guard;
 mod compression;
+#[cfg(feature = "guards")]
+pub mod guards;
 pub mod limits;
 mod trim;
 mod usage;

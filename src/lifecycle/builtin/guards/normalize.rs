@@ -1,0 +1,187 @@
+//! Text normalisation before matching: NFKC, invisible characters removed,
+//! confusable letters folded to the ASCII letters they imitate; and the
+//! folded view that undoes leetspeak and spacing tricks.
+
+use std::borrow::Cow;
+
+use unicode_normalization::UnicodeNormalization;
+use unicode_security::confusable_detection::skeleton;
+
+/// A text after normalisation, with what was changed on the way.
+#[derive(Debug)]
+pub(crate) struct Normalized<'a> {
+    /// NFKC, without invisible characters, confusables folded.
+    pub(crate) text: Cow<'a, str>,
+    /// How many invisible (zero-width, bidi, format) characters were removed.
+    pub(crate) invisible: usize,
+    /// How many letters were folded from another script.
+    pub(crate) confusables: usize,
+}
+
+/// Zero-width, bidi and other format characters an attacker hides inside
+/// words (and the soft hyphen).
+fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+        | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}'
+        | '\u{FFA0}' | '\u{E0000}'..='\u{E007F}')
+}
+
+/// Whether `c` could stand in for an ASCII letter: letters of other
+/// scripts that confusable tables fold (Cyrillic, Greek, Armenian,
+/// Cherokee, mathematical letters left after NFKC). CJK is never folded.
+fn may_fold(c: char) -> bool {
+    matches!(c, '\u{0370}'..='\u{058F}' | '\u{13A0}'..='\u{13FF}' | '\u{1D00}'..='\u{1DBF}'
+        | '\u{2100}'..='\u{214F}' | '\u{A640}'..='\u{A69F}' | '\u{AB70}'..='\u{ABBF}')
+}
+
+/// The ASCII letter `c` imitates, by the UTS #39 confusable skeleton, if it
+/// imitates exactly one.
+fn fold_confusable(c: char) -> Option<char> {
+    let mut buf = [0u8; 4];
+    let mut sk = skeleton(c.encode_utf8(&mut buf));
+    match (sk.next(), sk.next()) {
+        (Some(a), None) if a.is_ascii_alphabetic() => Some(a),
+        _ => None,
+    }
+}
+
+/// Normalises `text`: an ASCII text comes back borrowed, unchanged.
+pub(crate) fn normalize(text: &str) -> Normalized<'_> {
+    if text.is_ascii() {
+        return Normalized {
+            text: Cow::Borrowed(text),
+            invisible: 0,
+            confusables: 0,
+        };
+    }
+    let mut invisible = text.chars().filter(|&c| is_invisible(c)).count();
+    let mut confusables = 0;
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars().filter(|&c| !is_invisible(c)).nfkc() {
+        if is_invisible(c) {
+            invisible += 1;
+            continue;
+        }
+        if may_fold(c) {
+            if let Some(a) = fold_confusable(c) {
+                confusables += 1;
+                out.push(a);
+                continue;
+            }
+        }
+        out.push(c);
+    }
+    Normalized {
+        text: Cow::Owned(out),
+        invisible,
+        confusables,
+    }
+}
+
+/// The letter a leetspeak character stands for.
+fn leet(b: u8) -> Option<u8> {
+    Some(match b {
+        b'0' => b'o',
+        b'1' | b'!' | b'|' => b'i',
+        b'3' => b'e',
+        b'4' | b'@' => b'a',
+        b'5' | b'$' => b's',
+        b'7' | b'+' => b't',
+        b'8' => b'b',
+        b'9' => b'g',
+        _ => return None,
+    })
+}
+
+/// Whether `text` shows leetspeak (a leet character between letters, as in
+/// `1gn0re`) or spaced-out letters (`i g n o r e`, `i.g.n.o.r.e`): the
+/// signs that the folded view is worth building.
+pub(crate) fn looks_obfuscated(text: &str) -> bool {
+    let b = text.as_bytes();
+    let mut isolated_run = 0u32;
+    for i in 1..b.len().saturating_sub(1) {
+        let (prev, cur, next) = (b[i - 1], b[i], b[i + 1]);
+        if leet(cur).is_some() && prev.is_ascii_alphabetic() && next.is_ascii_alphabetic() {
+            return true;
+        }
+        // A letter with a separator on both sides, as in "a.b.c".
+        if cur.is_ascii_alphabetic()
+            && matches!(prev, b' ' | b'.' | b'-' | b'_' | b'*')
+            && matches!(next, b' ' | b'.' | b'-' | b'_' | b'*')
+        {
+            isolated_run += 1;
+            if isolated_run >= 4 {
+                return true;
+            }
+        } else if cur.is_ascii_alphabetic() || cur.is_ascii_digit() {
+            isolated_run = 0;
+        }
+    }
+    false
+}
+
+/// The folded view: letters only, lower case, leetspeak undone. Spaces and
+/// punctuation vanish, so `I g-n-0 r e  a l l` reads `ignoreall`.
+pub(crate) fn fold(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let b = text.as_bytes();
+    for (i, c) in text.char_indices() {
+        if c.is_ascii() {
+            let byte = c as u8;
+            if byte.is_ascii_alphabetic() {
+                out.push(byte.to_ascii_lowercase() as char);
+            } else if let Some(l) = leet(byte) {
+                // A leet character counts only next to a letter.
+                let before = i > 0 && b[i - 1].is_ascii_alphanumeric();
+                let after = b.get(i + 1).is_some_and(|n| n.is_ascii_alphanumeric());
+                if before || after {
+                    out.push(l as char);
+                }
+            }
+        } else if c.is_alphabetic() {
+            out.extend(c.to_lowercase());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ascii_is_borrowed_unchanged() {
+        let n = normalize("ignore me");
+        assert!(matches!(n.text, Cow::Borrowed("ignore me")));
+    }
+
+    #[test]
+    fn invisible_characters_are_removed_and_counted() {
+        let n = normalize("ig\u{200B}no\u{200D}re\u{FEFF}");
+        assert_eq!(n.text, "ignore");
+        assert_eq!(n.invisible, 3);
+    }
+
+    #[test]
+    fn fullwidth_and_confusables_fold_to_ascii() {
+        assert_eq!(normalize("ｉｇｎｏｒｅ").text, "ignore");
+        let n = normalize("іgnоrе");
+        assert_eq!(n.text, "ignore");
+        assert_eq!(n.confusables, 3);
+    }
+
+    #[test]
+    fn accents_and_cjk_are_kept() {
+        assert_eq!(normalize("précédentes 忽略").text, "précédentes 忽略");
+    }
+
+    #[test]
+    fn leet_and_spacing_are_seen_and_folded() {
+        assert!(looks_obfuscated("1gn0r3 all pr3v10us"));
+        assert!(looks_obfuscated("i g n o r e this"));
+        assert!(!looks_obfuscated("Meet me at 10 am in room 4b."));
+        assert_eq!(fold("1gn0r3  a-l-l"), "ignoreall");
+    }
+}
