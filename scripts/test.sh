@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test of the crate: unit, integration and doc tests, then the
-# provider tests against real protocol peers (aimock and llama.cpp) and the
-# quickstart against llama.cpp, which scripts/peers/run-tests.sh installs,
-# starts and stops. A peer that cannot start fails the run; only
-# TOWER_AGENT_NO_LLAMA=1 leaves llama.cpp out, said in the last line.
+# tests against real peers, each script installing, starting and stopping its
+# own: the MCP servers, the `openai` Python client and Chromium
+# (run-edge-tests.sh), then aimock and llama.cpp with the quickstart against
+# llama.cpp (run-tests.sh, last, so that its last line can say what did not
+# run). A peer that cannot start fails the run; only TOWER_AGENT_NO_LLAMA=1
+# leaves llama.cpp out, said in the last line.
 # `.ci/run` calls this same script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo test --all-features
+bash scripts/peers/run-edge-tests.sh
 bash scripts/peers/run-tests.sh
