@@ -60,7 +60,7 @@ impl TokenCounters {
     /// OpenAI's encodings for OpenAI's model families (`o200k_base` for
     /// GPT-4o, GPT-4.1, GPT-4.5, GPT-5, o1, o3 and o4; `cl100k_base` for GPT-4
     /// and GPT-3.5), and `o200k_base` as a close estimate for every other
-    /// model. Without the `tokenizer` feature, the [`EstimateCounter`] for all.
+    /// model. Without the `tokenizer` feature, the [`EstimateCounter`](super::EstimateCounter) for all.
     pub fn openai() -> Self {
         #[cfg(feature = "tokenizer")]
         {

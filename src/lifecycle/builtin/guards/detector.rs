@@ -174,3 +174,8 @@ pub(crate) fn excerpt(s: &str, max: usize) -> String {
         None => s.to_owned(),
     }
 }
+
+/// One pattern: its family, its weight, the literals every match contains
+/// when its own first or last words do not anchor it well (empty: found
+/// from the regex), the regex.
+pub(crate) type Pattern = (Family, f32, &'static [&'static str], &'static str);

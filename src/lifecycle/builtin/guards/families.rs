@@ -8,11 +8,7 @@
 //! blocks only together with another family.
 
 use super::detector::Family::{self, *};
-
-/// One pattern: its family, its weight, the literals every match contains
-/// when its own first or last words do not anchor it well (empty: found
-/// from the regex), the regex.
-pub(crate) type Pattern = (Family, f32, &'static [&'static str], &'static str);
+use super::detector::Pattern;
 
 /// The phrasing families: instruction override, prompt extraction,
 /// jailbreaks. See [`markup`](super::markup) for the rest.

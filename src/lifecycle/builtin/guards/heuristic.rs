@@ -10,8 +10,9 @@ use aho_corasick::AhoCorasick;
 use futures::future::BoxFuture;
 
 use super::decode::{payloads, Payload};
+use super::detector::Pattern;
 use super::detector::{excerpt, Detection, Evidence, Family, InjectionDetector, View};
-use super::families::{self, Pattern, FOLDED};
+use super::families::{self, FOLDED};
 use super::matcher::Matcher;
 use super::normalize::{fold, looks_obfuscated, normalize};
 use crate::context::RunContext;

@@ -3,7 +3,7 @@
 //! text addressed to the model (weights as in [`families`](super::families)).
 
 use super::detector::Family::*;
-use super::families::Pattern;
+use super::detector::Pattern;
 
 /// The markup families.
 pub(crate) const MARKUP: &[Pattern] = &[
