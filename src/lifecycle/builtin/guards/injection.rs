@@ -146,7 +146,11 @@ impl<D: InjectionDetector> InjectionGuardMiddleware<D> {
     }
 
     /// Scores `text` with this guard's detector.
-    pub async fn check(&self, ctx: &RunContext, text: &str) -> Result<Detection, crate::BoxError> {
+    pub async fn check(
+        &self,
+        ctx: &RunContext,
+        text: &str,
+    ) -> Result<Detection, crate::error::BoxError> {
         self.detector.detect(ctx, text).await
     }
 
@@ -172,7 +176,7 @@ impl<D: InjectionDetector> InjectionGuardMiddleware<D> {
         )
     }
 
-    fn block(&self, source: &str, detection: &Detection) -> crate::AgentError {
+    fn block(&self, source: &str, detection: &Detection) -> crate::error::AgentError {
         let mut info = detection.info();
         info["guard"] = json!(&*self.name);
         info["source"] = json!(source);
@@ -243,7 +247,7 @@ impl<D: InjectionDetector> Middleware for InjectionGuardMiddleware<D> {
             match self.mode {
                 InjectionMode::Block => {
                     let mut err = self.block("tool_result", &detection);
-                    if let crate::AgentError::Tripwire {
+                    if let crate::error::AgentError::Tripwire {
                         info: Some(info), ..
                     } = &mut err
                     {
