@@ -125,20 +125,7 @@ pub struct FromFn<F, S> {
 }
 
 impl<F, S> FromFn<F, S> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!(inner: S);
 }
 
 impl<F, S: fmt::Debug> fmt::Debug for FromFn<F, S> {

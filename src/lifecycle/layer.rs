@@ -105,20 +105,7 @@ pub struct Lifecycle<S> {
 }
 
 impl<S> Lifecycle<S> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!(inner: S);
 }
 
 impl<S: fmt::Debug> fmt::Debug for Lifecycle<S> {

@@ -113,20 +113,7 @@ macro_rules! wrap_service {
         }
 
         impl<S> $service<S> {
-            /// The inner service.
-            pub fn get_ref(&self) -> &S {
-                &self.inner
-            }
-
-            /// The inner service, mutably.
-            pub fn get_mut(&mut self) -> &mut S {
-                &mut self.inner
-            }
-
-            /// The inner service.
-            pub fn into_inner(self) -> S {
-                self.inner
-            }
+            inner_accessors!(inner: S);
         }
 
         impl<S> fmt::Debug for $service<S> {

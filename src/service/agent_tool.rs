@@ -57,20 +57,7 @@ impl<S> AgentTool<S> {
         }
     }
 
-    /// The inner run service.
-    pub fn get_ref(&self) -> &S {
-        &self.agent
-    }
-
-    /// The inner run service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.agent
-    }
-
-    /// The inner run service.
-    pub fn into_inner(self) -> S {
-        self.agent
-    }
+    inner_accessors!(agent: S);
 }
 
 impl<S> fmt::Debug for AgentTool<S> {
