@@ -55,6 +55,13 @@ impl<'a, T> HookFuture<'a, T> {
         }
     }
 
+    /// A hook point that is already done with `result`.
+    pub(crate) fn ready(result: Result<T, BoxError>) -> Self {
+        Self {
+            kind: HookFutureKind::Ready(Some(result)),
+        }
+    }
+
     /// A hook point that waits for `future`.
     pub(crate) fn new<F>(future: F) -> Self
     where

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::time::Instant;
 
@@ -128,43 +129,85 @@ pub(crate) async fn invoke<'h, T>(
     hook: HookPoint,
     make: impl FnOnce() -> Hook<'h, T>,
 ) -> Result<Option<T>, AgentError> {
+    match invoke_now(entry, ctx, hook, make) {
+        Invoked::Done(result) => result,
+        Invoked::Pending(future) => finish(entry, ctx, hook, future).await,
+    }
+}
+
+/// What [`invoke_now`] found: the hook's answer, or the future it still
+/// has to wait for (hand it to [`finish`]).
+pub(crate) enum Invoked<'h, T> {
+    Done(Result<Option<T>, AgentError>),
+    Pending(BoxFuture<'h, Result<T, BoxError>>),
+}
+
+/// The synchronous part of [`invoke`]: calls the hook and settles every
+/// answer but a pending future, without awaiting anything.
+pub(crate) fn invoke_now<'h, T>(
+    entry: &Entry,
+    ctx: &RunContext,
+    hook: HookPoint,
+    make: impl FnOnce() -> Hook<'h, T>,
+) -> Invoked<'h, T> {
     let kind = match catch_unwind(AssertUnwindSafe(make)) {
         Ok(Hook(kind)) => kind,
         Err(panic) => {
             started(ctx, &entry.name, hook);
             completed(ctx, &entry.name, hook, "panic");
-            return fail(entry, ctx, hook, panicked(&entry.name, hook, &*panic));
+            return Invoked::Done(fail(entry, ctx, hook, panicked(&entry.name, hook, &*panic)));
         }
     };
-    let (bracket, result) = match kind {
+    match kind {
         HookKind::NotOverridden => {
             entry.learn_absent(hook);
-            return Ok(None);
+            Invoked::Done(Ok(None))
         }
-        HookKind::Skip => return Ok(None),
-        HookKind::Ready(result) => (Bracket::open(ctx, &entry.name, hook), result),
-        HookKind::Pending(future) => {
+        HookKind::Skip => Invoked::Done(Ok(None)),
+        HookKind::Ready(result) => {
             let bracket = Bracket::open(ctx, &entry.name, hook);
-            let guarded = AssertUnwindSafe(future).catch_unwind();
-            let outcome = if matches!(hook, HookPoint::OnError | HookPoint::AfterAgent) {
-                // Closing hooks run after a cancellation too: they decide.
-                Ok(guarded.await)
-            } else {
-                race(ctx, guarded).await
-            };
-            match outcome {
-                Ok(Ok(result)) => (bracket, result),
-                Ok(Err(panic)) => {
-                    bracket.close("panic");
-                    return fail(entry, ctx, hook, panicked(&entry.name, hook, &*panic));
-                }
-                Err(stopped) => {
-                    bracket.close("error");
-                    return Err(stopped);
-                }
-            }
+            Invoked::Done(settle(entry, ctx, hook, bracket, result))
         }
+        HookKind::Pending(future) => Invoked::Pending(future),
+    }
+}
+
+/// Waits for a hook's pending future, bracketed by its events.
+pub(crate) async fn finish<T>(
+    entry: &Entry,
+    ctx: &RunContext,
+    hook: HookPoint,
+    future: BoxFuture<'_, Result<T, BoxError>>,
+) -> Result<Option<T>, AgentError> {
+    let bracket = Bracket::open(ctx, &entry.name, hook);
+    let guarded = AssertUnwindSafe(future).catch_unwind();
+    let outcome = if matches!(hook, HookPoint::OnError | HookPoint::AfterAgent) {
+        // Closing hooks run after a cancellation too: they decide.
+        Ok(guarded.await)
+    } else {
+        race(ctx, guarded).await
     };
+    match outcome {
+        Ok(Ok(result)) => settle(entry, ctx, hook, bracket, result),
+        Ok(Err(panic)) => {
+            bracket.close("panic");
+            fail(entry, ctx, hook, panicked(&entry.name, hook, &*panic))
+        }
+        Err(stopped) => {
+            bracket.close("error");
+            Err(stopped)
+        }
+    }
+}
+
+/// A hook's answer: attribution, the closing event, the fail policy.
+fn settle<T>(
+    entry: &Entry,
+    ctx: &RunContext,
+    hook: HookPoint,
+    bracket: Bracket<'_>,
+    result: Result<T, BoxError>,
+) -> Result<Option<T>, AgentError> {
     ctx.attribute_stop(&entry.name);
     match result {
         Ok(value) => {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tower::ServiceExt;
 
 use super::call_chain::{model_call, tool_call, StackModel, StackTool};
+use super::edit_watch::watcher;
 use super::stack::CompiledStack;
 use super::verdict::merge_verdicts;
 use super::HookPoint;
@@ -77,6 +78,10 @@ impl HookPort for InstalledHooks {
         match (&self.outer, self.stack.has(HookPoint::BeforeAgent)) {
             (None, false) => HookFuture::ok(Vec::new()),
             (Some(outer), false) => outer.before_agent(ctx, start),
+            (None, true) => self
+                .stack
+                .before_agent(ctx, start)
+                .into_port(move |e| self.own(ctx, e)),
             (outer, true) => HookFuture::new(async move {
                 let mut texts = match outer {
                     Some(outer) => outer.before_agent(ctx, start).await?,
@@ -99,6 +104,14 @@ impl HookPort for InstalledHooks {
         input: &'a mut Message,
         messages: &'a [Message],
     ) -> HookFuture<'a, Vec<String>> {
+        // The only middleware here: no future boxed for an answer it has at once.
+        if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::BeforeRun)) {
+            return CompiledStack::sole_hook(e, ctx, HookPoint::BeforeRun, || {
+                e.mw.before_run(ctx, input, messages)
+            })
+            .map(|found| found.flatten().into_iter().collect())
+            .into_port(move |e| self.own(ctx, e));
+        }
         match (&self.outer, self.stack.has(HookPoint::BeforeRun)) {
             (None, false) => HookFuture::ok(Vec::new()),
             (Some(outer), false) => outer.before_run(ctx, input, messages),
@@ -122,6 +135,16 @@ impl HookPort for InstalledHooks {
         match (&self.outer, self.stack.has(HookPoint::BeforeModel)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.before_model(ctx, messages),
+            (None, true)
+                if self.stack.sole(HookPoint::BeforeModel).is_some() && watcher(ctx).is_none() =>
+            {
+                let e = self.stack.sole(HookPoint::BeforeModel).expect("checked");
+                CompiledStack::sole_hook(e, ctx, HookPoint::BeforeModel, || {
+                    e.mw.before_model(ctx, messages)
+                })
+                .map(|_| ())
+                .into_port(move |e| self.own(ctx, e))
+            }
             (outer, true) => HookFuture::new(async move {
                 if let Some(outer) = outer {
                     outer.before_model(ctx, messages).await?;
@@ -157,6 +180,14 @@ impl HookPort for InstalledHooks {
         ctx: &'a RunContext,
         response: &'a mut ModelResponse,
     ) -> HookFuture<'a, ()> {
+        // The only middleware here: no future boxed for an answer it has at once.
+        if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::AfterModel)) {
+            return CompiledStack::sole_hook(e, ctx, HookPoint::AfterModel, || {
+                e.mw.after_model(ctx, response)
+            })
+            .map(|_| ())
+            .into_port(move |e| self.own(ctx, e));
+        }
         match (&self.outer, self.stack.has(HookPoint::AfterModel)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.after_model(ctx, response),
@@ -182,12 +213,10 @@ impl HookPort for InstalledHooks {
         match (&self.outer, self.stack.has(HookPoint::BeforeTool)) {
             (None, false) => HookFuture::ok(ToolVerdict::default()),
             (Some(outer), false) => outer.before_tool(ctx, call, resumed),
-            (None, true) => HookFuture::new(async move {
-                self.stack
-                    .before_tool(ctx, call, resumed)
-                    .await
-                    .map_err(|e| self.own(ctx, e))
-            }),
+            (None, true) => self
+                .stack
+                .before_tool(ctx, call, resumed)
+                .into_port(move |e| self.own(ctx, e)),
             (Some(outer), true) => HookFuture::new(async move {
                 let first = outer.before_tool(ctx, call, resumed).await?;
                 // The inner stack sees the outer one's rewrite.
@@ -216,6 +245,10 @@ impl HookPort for InstalledHooks {
         match (&self.outer, self.stack.has(HookPoint::DecideApproval)) {
             (None, false) => HookFuture::ok(None),
             (Some(outer), false) => outer.decide_approval(ctx, call),
+            (None, true) => self
+                .stack
+                .decide_approval(ctx, call)
+                .into_port(move |e| self.own(ctx, e)),
             (outer, true) => HookFuture::new(async move {
                 if let Some(outer) = outer {
                     if let Some(verdict) = outer.decide_approval(ctx, call).await? {
@@ -254,6 +287,14 @@ impl HookPort for InstalledHooks {
         call: &'a ToolCall,
         output: &'a mut ToolOutput,
     ) -> HookFuture<'a, ()> {
+        // The only middleware here: no future boxed for an answer it has at once.
+        if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::AfterTool)) {
+            return CompiledStack::sole_hook(e, ctx, HookPoint::AfterTool, || {
+                e.mw.after_tool(ctx, call, output)
+            })
+            .map(|_| ())
+            .into_port(move |e| self.own(ctx, e));
+        }
         match (&self.outer, self.stack.has(HookPoint::AfterTool)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.after_tool(ctx, call, output),
@@ -278,6 +319,10 @@ impl HookPort for InstalledHooks {
         match (&self.outer, self.stack.has(HookPoint::AfterToolBatch)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.after_tool_batch(ctx, results),
+            (None, true) => self
+                .stack
+                .after_tool_batch(ctx, results)
+                .into_port(move |e| self.own(ctx, e)),
             (outer, true) => HookFuture::new(async move {
                 self.stack
                     .after_tool_batch(ctx, results)
@@ -300,6 +345,10 @@ impl HookPort for InstalledHooks {
         match (&self.outer, self.stack.has(HookPoint::BeforeStop)) {
             (None, false) => HookFuture::ok(None),
             (Some(outer), false) => outer.before_stop(ctx, output, continuations),
+            (None, true) => self
+                .stack
+                .before_stop(ctx, output, continuations)
+                .into_port(move |e| self.own(ctx, e)),
             (outer, true) => HookFuture::new(async move {
                 if let Some(outer) = outer {
                     if let Some(text) = outer.before_stop(ctx, output, continuations).await? {
@@ -321,6 +370,10 @@ impl HookPort for InstalledHooks {
         match (&self.outer, self.stack.has(HookPoint::BeforeModelSwitch)) {
             (None, false) => HookFuture::ok(true),
             (Some(outer), false) => outer.before_model_switch(ctx, from, to),
+            (None, true) => self
+                .stack
+                .before_model_switch(ctx, from, to)
+                .into_port(move |e| self.own(ctx, e)),
             (outer, true) => HookFuture::new(async move {
                 let outer_allows = match outer {
                     Some(outer) => outer.before_model_switch(ctx, from, to).await?,
@@ -340,6 +393,10 @@ impl HookPort for InstalledHooks {
         match (&self.outer, self.stack.has(HookPoint::OnNotification)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.on_notification(ctx, notification),
+            (None, true) => self
+                .stack
+                .on_notification(ctx, notification)
+                .into_port(move |e| self.own(ctx, e)),
             (outer, true) => HookFuture::new(async move {
                 if let Some(outer) = outer {
                     outer.on_notification(ctx, notification).await?;
@@ -354,8 +411,12 @@ impl HookPort for InstalledHooks {
         match (&self.outer, self.stack.has(HookPoint::OnError)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.on_error(ctx, error),
+            (None, true) => self
+                .stack
+                .on_error(ctx, error)
+                .into_port(move |e| self.own(ctx, e)),
             (outer, true) => HookFuture::new(async move {
-                self.stack.on_error(ctx, error).await;
+                let _ = self.stack.on_error(ctx, error).await;
                 match outer {
                     Some(outer) => outer.on_error(ctx, error).await,
                     None => Ok(()),
@@ -372,8 +433,12 @@ impl HookPort for InstalledHooks {
         match (&self.outer, self.stack.has(HookPoint::AfterAgent)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.after_agent(ctx, outcome),
+            (None, true) => self
+                .stack
+                .after_agent(ctx, outcome)
+                .into_port(move |e| self.own(ctx, e)),
             (outer, true) => HookFuture::new(async move {
-                self.stack.after_agent(ctx, outcome).await;
+                let _ = self.stack.after_agent(ctx, outcome).await;
                 match outer {
                     Some(outer) => outer.after_agent(ctx, outcome).await,
                     None => Ok(()),
@@ -390,6 +455,10 @@ impl HookPort for InstalledHooks {
         match (&self.outer, self.stack.has(HookPoint::BeforeCompaction)) {
             (None, false) => HookFuture::ok(true),
             (Some(outer), false) => outer.before_compaction(ctx, messages),
+            (None, true) => self
+                .stack
+                .before_compaction(ctx, messages)
+                .into_port(move |e| self.own(ctx, e)),
             (outer, true) => HookFuture::new(async move {
                 let outer_allows = match outer {
                     Some(outer) => outer.before_compaction(ctx, messages).await?,
@@ -409,6 +478,10 @@ impl HookPort for InstalledHooks {
         match (&self.outer, self.stack.has(HookPoint::AfterCompaction)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.after_compaction(ctx, compaction),
+            (None, true) => self
+                .stack
+                .after_compaction(ctx, compaction)
+                .into_port(move |e| self.own(ctx, e)),
             (outer, true) => HookFuture::new(async move {
                 let own = self.stack.after_compaction(ctx, compaction);
                 own.await.map_err(|e| self.own(ctx, e))?;

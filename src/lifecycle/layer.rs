@@ -222,14 +222,15 @@ where
     };
     if let Err(err) = &result {
         if nested {
-            frame.stack.on_error(&ctx, err).await;
+            // Their errors are logged inside, never returned.
+            let _ = frame.stack.on_error(&ctx, err).await;
         } else {
             let _ = frame.on_error(&ctx, err).await;
         }
     }
     let outcome = RunOutcome::of(&result);
     if nested {
-        frame.stack.after_agent(&ctx, outcome).await;
+        let _ = frame.stack.after_agent(&ctx, outcome).await;
     } else {
         let _ = frame.after_agent(&ctx, outcome).await;
     }

@@ -2,37 +2,354 @@
 //! and what an error does.
 
 use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
-use super::call_hook::{invoke, invoke_delta, log_ignored};
+use futures::future::BoxFuture;
+
+use super::call_hook::{finish, invoke, invoke_delta, invoke_now, log_ignored, Invoked};
 use super::edit_watch::watcher;
-use super::stack::CompiledStack;
+use super::stack::{CompiledStack, Entry};
 use super::verdict::merge_verdicts;
-use super::HookPoint;
+use super::{Hook, HookPoint};
 use crate::context::RunContext;
-use crate::error::AgentError;
+use crate::error::{AgentError, BoxError};
 use crate::event::AgentEvent;
 use crate::hooks::{
-    ApprovalVerdict, Compaction, Notification, RunOutcome, RunStart, ToolCallResult, ToolVerdict,
+    ApprovalVerdict, Compaction, HookFuture, Notification, RunOutcome, RunStart, ToolCallResult,
+    ToolVerdict,
 };
 use crate::request::ToolOutput;
 use crate::types::{History, Message, ModelDelta, ModelResponse, ToolCall};
 
 impl CompiledStack {
-    /// Texts to add after the system prompt, in registration order.
-    pub(crate) async fn before_agent(
-        &self,
-        ctx: &RunContext,
-        start: RunStart,
-    ) -> Result<Vec<String>, AgentError> {
-        let hook = HookPoint::BeforeAgent;
-        let mut texts = Vec::new();
-        for e in self.at(hook) {
-            let found = invoke(e, ctx, hook, || e.mw.before_agent(ctx, start)).await?;
-            if let Some(Some(text)) = found {
-                texts.push(text);
+    /// The `i`-th middleware in the order `hook` calls them (reversed for
+    /// the hooks that see what comes back).
+    #[inline]
+    fn nth(&self, hook: HookPoint, i: usize) -> &Entry {
+        let n = self.entries.len();
+        &self.entries[if hook.is_reversed() { n - 1 - i } else { i }]
+    }
+
+    /// Runs a hook point whose arguments are all shared over the stack:
+    /// synchronously while every middleware answers at once (no future is
+    /// boxed), then, from the first one that waits, in a boxed future.
+    /// `step` takes each value in call order and says whether to stop
+    /// there. At `on_error` and `after_agent` errors are logged, never
+    /// returned.
+    fn fold<'a, T, A>(
+        &'a self,
+        ctx: &'a RunContext,
+        hook: HookPoint,
+        mut acc: A,
+        call: impl Fn(&'a Entry) -> Hook<'a, T> + Send + Sync + 'a,
+        step: impl Fn(&mut A, &'a Entry, T) -> bool + Send + 'a,
+    ) -> Folded<'a, A>
+    where
+        T: Send + 'a,
+        A: Send + 'a,
+    {
+        let tolerant = matches!(hook, HookPoint::OnError | HookPoint::AfterAgent);
+        let absorb =
+            move |acc: &mut A, e: &'a Entry, found: Result<Option<T>, AgentError>| match found {
+                Ok(None) => Ok(false),
+                Ok(Some(value)) => Ok(step(acc, e, value)),
+                Err(err) if tolerant => {
+                    log_ignored(ctx, &e.name, hook, &err);
+                    Ok(false)
+                }
+                Err(err) => Err(err),
+            };
+        let n = self.entries.len();
+        for i in 0..n {
+            let e = self.nth(hook, i);
+            if !e.may_override(hook) {
+                continue;
+            }
+            match invoke_now(e, ctx, hook, || call(e)) {
+                Invoked::Done(found) => match absorb(&mut acc, e, found) {
+                    Ok(false) => {}
+                    Ok(true) => return Folded::now(Ok(acc)),
+                    Err(err) => return Folded::now(Err(err)),
+                },
+                Invoked::Pending(future) => {
+                    return Folded::Later(Box::pin(async move {
+                        let found = finish(e, ctx, hook, future).await;
+                        if absorb(&mut acc, e, found)? {
+                            return Ok(acc);
+                        }
+                        for j in i + 1..n {
+                            let e = self.nth(hook, j);
+                            if !e.may_override(hook) {
+                                continue;
+                            }
+                            let found = invoke(e, ctx, hook, || call(e)).await;
+                            if absorb(&mut acc, e, found)? {
+                                return Ok(acc);
+                            }
+                        }
+                        Ok(acc)
+                    }))
+                }
             }
         }
-        Ok(texts)
+        Folded::now(Ok(acc))
+    }
+
+    /// Texts to add after the system prompt, in registration order.
+    pub(crate) fn before_agent<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        start: RunStart,
+    ) -> Folded<'a, Vec<String>> {
+        self.fold(
+            ctx,
+            HookPoint::BeforeAgent,
+            Vec::new(),
+            move |e| e.mw.before_agent(ctx, start),
+            |texts, _, found| {
+                if let Some(text) = found {
+                    texts.push(text);
+                }
+                false
+            },
+        )
+    }
+
+    /// Every middleware's verdict, merged; each is asked with the arguments
+    /// the ones before it left.
+    pub(crate) fn before_tool<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        call: &'a ToolCall,
+        resumed: bool,
+    ) -> Folded<'a, ToolVerdict> {
+        let hook = HookPoint::BeforeTool;
+        // While nobody rules, nothing is merged and nothing rewritten.
+        for i in 0..self.entries.len() {
+            let e = self.nth(hook, i);
+            if !e.may_override(hook) {
+                continue;
+            }
+            match invoke_now(e, ctx, hook, || e.mw.before_tool(ctx, call, resumed)) {
+                Invoked::Done(Ok(None)) => {}
+                Invoked::Done(Err(err)) => return Folded::now(Err(err)),
+                first => {
+                    return Folded::Later(Box::pin(
+                        self.before_tool_from(ctx, call, resumed, i, first),
+                    ))
+                }
+            }
+        }
+        Folded::now(Ok(ToolVerdict::default()))
+    }
+
+    /// [`before_tool`](Self::before_tool) from the `i`-th middleware on,
+    /// whose answer is `first`.
+    async fn before_tool_from<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        call: &'a ToolCall,
+        resumed: bool,
+        i: usize,
+        first: Invoked<'a, ToolVerdict>,
+    ) -> Result<ToolVerdict, AgentError> {
+        let hook = HookPoint::BeforeTool;
+        let mut merged = ToolVerdict::default();
+        let mut current = Cow::Borrowed(call);
+        let mut first = Some(first);
+        for j in i..self.entries.len() {
+            let e = self.nth(hook, j);
+            let found = match first.take() {
+                Some(Invoked::Done(found)) => found,
+                Some(Invoked::Pending(future)) => finish(e, ctx, hook, future).await,
+                None if !e.may_override(hook) => continue,
+                None => {
+                    let asked = &*current;
+                    invoke(e, ctx, hook, || e.mw.before_tool(ctx, asked, resumed)).await
+                }
+            };
+            let Some(mut verdict) = found? else {
+                continue;
+            };
+            if verdict.decided_by.is_none() {
+                verdict.decided_by = Some(e.name.to_string());
+            }
+            tracing::debug!(
+                middleware = %e.name,
+                call_id = %call.id,
+                decision = verdict.decision.as_str(),
+                rewrite = verdict.updated_arguments.is_some(),
+                "before_tool verdict"
+            );
+            if let Some(arguments) = &verdict.updated_arguments {
+                current.to_mut().arguments = arguments.to_string();
+                ctx.emit(|| AgentEvent::ToolDecision {
+                    run_id: ctx.run_id().clone(),
+                    call_id: call.id.clone(),
+                    decision: "rewrite",
+                    decided_by: e.name.to_string(),
+                });
+            }
+            merged = merge_verdicts(merged, verdict);
+        }
+        Ok(merged)
+    }
+
+    pub(crate) fn after_tool_batch<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        results: &'a [ToolCallResult],
+    ) -> Folded<'a, ()> {
+        self.fold(
+            ctx,
+            HookPoint::AfterToolBatch,
+            (),
+            move |e| e.mw.after_tool_batch(ctx, results),
+            |_, _, ()| false,
+        )
+    }
+
+    /// The first middleware that keeps the run going decides; the rest are
+    /// not asked.
+    pub(crate) fn before_stop<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        output: &'a Message,
+        continuations: u32,
+    ) -> Folded<'a, Option<String>> {
+        self.fold(
+            ctx,
+            HookPoint::BeforeStop,
+            None,
+            move |e| e.mw.before_stop(ctx, output, continuations),
+            |decided, _, found| {
+                *decided = found;
+                decided.is_some()
+            },
+        )
+    }
+
+    /// `false` if any middleware says so; every one is asked.
+    pub(crate) fn before_compaction<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        messages: &'a History,
+    ) -> Folded<'a, bool> {
+        self.fold(
+            ctx,
+            HookPoint::BeforeCompaction,
+            true,
+            move |e| e.mw.before_compaction(ctx, messages),
+            |proceed, _, found| {
+                *proceed &= found;
+                false
+            },
+        )
+    }
+
+    pub(crate) fn after_compaction<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        compaction: &'a Compaction,
+    ) -> Folded<'a, ()> {
+        self.fold(
+            ctx,
+            HookPoint::AfterCompaction,
+            (),
+            move |e| e.mw.after_compaction(ctx, compaction),
+            |_, _, ()| false,
+        )
+    }
+
+    /// `false` if any middleware blocks the switch; every one is asked.
+    pub(crate) fn before_model_switch<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        from: &'a str,
+        to: &'a str,
+    ) -> Folded<'a, bool> {
+        self.fold(
+            ctx,
+            HookPoint::BeforeModelSwitch,
+            true,
+            move |e| e.mw.before_model_switch(ctx, from, to),
+            |allowed, _, found| {
+                *allowed &= found;
+                false
+            },
+        )
+    }
+
+    /// The first middleware that decides does; the rest are not asked.
+    pub(crate) fn decide_approval<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        call: &'a ToolCall,
+    ) -> Folded<'a, Option<ApprovalVerdict>> {
+        self.fold(
+            ctx,
+            HookPoint::DecideApproval,
+            None,
+            move |e| e.mw.decide_approval(ctx, call),
+            |decided, e, found| match found {
+                Some(decision) => {
+                    *decided = Some(ApprovalVerdict {
+                        decision,
+                        decided_by: Some(e.name.to_string()),
+                    });
+                    true
+                }
+                None => false,
+            },
+        )
+    }
+
+    pub(crate) fn on_notification<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        notification: &'a Notification,
+    ) -> Folded<'a, ()> {
+        self.fold(
+            ctx,
+            HookPoint::OnNotification,
+            (),
+            move |e| e.mw.on_notification(ctx, notification),
+            |_, _, ()| false,
+        )
+    }
+
+    /// Every middleware's `on_error`; their errors are logged, never
+    /// returned.
+    pub(crate) fn on_error<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        error: &'a AgentError,
+    ) -> Folded<'a, ()> {
+        self.fold(
+            ctx,
+            HookPoint::OnError,
+            (),
+            move |e| e.mw.on_error(ctx, error),
+            |_, _, ()| false,
+        )
+    }
+
+    /// Every middleware's `after_agent`; their errors are logged, never
+    /// returned.
+    pub(crate) fn after_agent<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        outcome: RunOutcome<'a>,
+    ) -> Folded<'a, ()> {
+        self.fold(
+            ctx,
+            HookPoint::AfterAgent,
+            (),
+            move |e| e.mw.after_agent(ctx, outcome),
+            |_, _, ()| false,
+        )
     }
 
     /// Texts to add after the input, in registration order.
@@ -87,48 +404,6 @@ impl CompiledStack {
         Ok(())
     }
 
-    /// Every middleware's verdict, merged; each is asked with the arguments
-    /// the ones before it left.
-    pub(crate) async fn before_tool(
-        &self,
-        ctx: &RunContext,
-        call: &ToolCall,
-        resumed: bool,
-    ) -> Result<ToolVerdict, AgentError> {
-        let hook = HookPoint::BeforeTool;
-        let mut merged = ToolVerdict::default();
-        let mut current = Cow::Borrowed(call);
-        for e in self.at(hook) {
-            let asked = &*current;
-            let Some(mut verdict) =
-                invoke(e, ctx, hook, || e.mw.before_tool(ctx, asked, resumed)).await?
-            else {
-                continue;
-            };
-            if verdict.decided_by.is_none() {
-                verdict.decided_by = Some(e.name.to_string());
-            }
-            tracing::debug!(
-                middleware = %e.name,
-                call_id = %call.id,
-                decision = verdict.decision.as_str(),
-                rewrite = verdict.updated_arguments.is_some(),
-                "before_tool verdict"
-            );
-            if let Some(arguments) = &verdict.updated_arguments {
-                current.to_mut().arguments = arguments.to_string();
-                ctx.emit(|| AgentEvent::ToolDecision {
-                    run_id: ctx.run_id().clone(),
-                    call_id: call.id.clone(),
-                    decision: "rewrite",
-                    decided_by: e.name.to_string(),
-                });
-            }
-            merged = merge_verdicts(merged, verdict);
-        }
-        Ok(merged)
-    }
-
     pub(crate) async fn after_tool(
         &self,
         ctx: &RunContext,
@@ -141,141 +416,6 @@ impl CompiledStack {
             invoke(e, ctx, hook, || e.mw.after_tool(ctx, call, output)).await?;
         }
         Ok(())
-    }
-
-    pub(crate) async fn after_tool_batch(
-        &self,
-        ctx: &RunContext,
-        results: &[ToolCallResult],
-    ) -> Result<(), AgentError> {
-        let hook = HookPoint::AfterToolBatch;
-        for e in self.at(hook) {
-            invoke(e, ctx, hook, || e.mw.after_tool_batch(ctx, results)).await?;
-        }
-        Ok(())
-    }
-
-    /// The first middleware that keeps the run going decides; the rest are
-    /// not asked.
-    pub(crate) async fn before_stop(
-        &self,
-        ctx: &RunContext,
-        output: &Message,
-        continuations: u32,
-    ) -> Result<Option<String>, AgentError> {
-        let hook = HookPoint::BeforeStop;
-        for e in self.at(hook) {
-            if let Some(Some(text)) = invoke(e, ctx, hook, || {
-                e.mw.before_stop(ctx, output, continuations)
-            })
-            .await?
-            {
-                return Ok(Some(text));
-            }
-        }
-        Ok(None)
-    }
-
-    /// `false` if any middleware says so; every one is asked.
-    pub(crate) async fn before_compaction(
-        &self,
-        ctx: &RunContext,
-        messages: &History,
-    ) -> Result<bool, AgentError> {
-        let hook = HookPoint::BeforeCompaction;
-        let mut proceed = true;
-        for e in self.at(hook) {
-            if let Some(false) =
-                invoke(e, ctx, hook, || e.mw.before_compaction(ctx, messages)).await?
-            {
-                proceed = false;
-            }
-        }
-        Ok(proceed)
-    }
-
-    pub(crate) async fn after_compaction(
-        &self,
-        ctx: &RunContext,
-        compaction: &Compaction,
-    ) -> Result<(), AgentError> {
-        let hook = HookPoint::AfterCompaction;
-        for e in self.at(hook) {
-            invoke(e, ctx, hook, || e.mw.after_compaction(ctx, compaction)).await?;
-        }
-        Ok(())
-    }
-
-    /// `false` if any middleware blocks the switch; every one is asked.
-    pub(crate) async fn before_model_switch(
-        &self,
-        ctx: &RunContext,
-        from: &str,
-        to: &str,
-    ) -> Result<bool, AgentError> {
-        let hook = HookPoint::BeforeModelSwitch;
-        let mut allowed = true;
-        for e in self.at(hook) {
-            if let Some(false) =
-                invoke(e, ctx, hook, || e.mw.before_model_switch(ctx, from, to)).await?
-            {
-                allowed = false;
-            }
-        }
-        Ok(allowed)
-    }
-
-    /// The first middleware that decides does; the rest are not asked.
-    pub(crate) async fn decide_approval(
-        &self,
-        ctx: &RunContext,
-        call: &ToolCall,
-    ) -> Result<Option<ApprovalVerdict>, AgentError> {
-        let hook = HookPoint::DecideApproval;
-        for e in self.at(hook) {
-            if let Some(Some(decision)) =
-                invoke(e, ctx, hook, || e.mw.decide_approval(ctx, call)).await?
-            {
-                return Ok(Some(ApprovalVerdict {
-                    decision,
-                    decided_by: Some(e.name.to_string()),
-                }));
-            }
-        }
-        Ok(None)
-    }
-
-    pub(crate) async fn on_notification(
-        &self,
-        ctx: &RunContext,
-        notification: &Notification,
-    ) -> Result<(), AgentError> {
-        let hook = HookPoint::OnNotification;
-        for e in self.at(hook) {
-            invoke(e, ctx, hook, || e.mw.on_notification(ctx, notification)).await?;
-        }
-        Ok(())
-    }
-
-    /// Every middleware's `on_error`; their errors are logged, never returned.
-    pub(crate) async fn on_error(&self, ctx: &RunContext, error: &AgentError) {
-        let hook = HookPoint::OnError;
-        for e in self.at(hook) {
-            if let Err(err) = invoke(e, ctx, hook, || e.mw.on_error(ctx, error)).await {
-                log_ignored(ctx, &e.name, hook, &err);
-            }
-        }
-    }
-
-    /// Every middleware's `after_agent`; their errors are logged, never
-    /// returned.
-    pub(crate) async fn after_agent(&self, ctx: &RunContext, outcome: RunOutcome<'_>) {
-        let hook = HookPoint::AfterAgent;
-        for e in self.at(hook) {
-            if let Err(err) = invoke(e, ctx, hook, || e.mw.after_agent(ctx, outcome)).await {
-                log_ignored(ctx, &e.name, hook, &err);
-            }
-        }
     }
 
     /// The delta hooks, synchronous: the first error stops the stream.
@@ -302,5 +442,86 @@ impl CompiledStack {
             invoke_delta(e, ctx, hook, || e.mw.on_tool_delta(ctx, call, delta))?;
         }
         Ok(())
+    }
+}
+
+/// A hook point's result over a stack: settled at once, or still waiting
+/// (boxed only then).
+#[must_use = "futures do nothing unless polled"]
+pub(crate) enum Folded<'a, A> {
+    Now(Option<Result<A, AgentError>>),
+    Later(BoxFuture<'a, Result<A, AgentError>>),
+}
+
+impl<'a, A: Send + 'a> Folded<'a, A> {
+    fn now(result: Result<A, AgentError>) -> Self {
+        Folded::Now(Some(result))
+    }
+
+    /// As the port answers, with `own` boxing this stack's errors.
+    pub(crate) fn into_port(
+        self,
+        own: impl FnOnce(AgentError) -> BoxError + Send + 'a,
+    ) -> HookFuture<'a, A> {
+        match self {
+            Folded::Now(result) => {
+                HookFuture::ready(result.expect("Folded polled after completion").map_err(own))
+            }
+            Folded::Later(future) => HookFuture::new(async move { future.await.map_err(own) }),
+        }
+    }
+}
+
+// Nothing is pinned structurally: the waiting future is pinned on the heap.
+impl<A> Unpin for Folded<'_, A> {}
+
+impl<A> Future for Folded<'_, A> {
+    type Output = Result<A, AgentError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Folded::Now(result) => {
+                Poll::Ready(result.take().expect("Folded polled after completion"))
+            }
+            Folded::Later(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<'a, A: Send + 'a> Folded<'a, A> {
+    /// The value `f` makes of this one.
+    pub(crate) fn map<B: Send + 'a>(self, f: impl FnOnce(A) -> B + Send + 'a) -> Folded<'a, B> {
+        match self {
+            Folded::Now(result) => Folded::Now(result.map(|r| r.map(f))),
+            Folded::Later(future) => Folded::Later(Box::pin(async move { future.await.map(f) })),
+        }
+    }
+}
+
+impl CompiledStack {
+    /// The one middleware that may run at `hook`, if exactly one may.
+    pub(crate) fn sole(&self, hook: HookPoint) -> Option<&Entry> {
+        let mut found = None;
+        for e in self.entries.iter().filter(|e| e.may_override(hook)) {
+            if found.replace(e).is_some() {
+                return None;
+            }
+        }
+        found
+    }
+
+    /// One middleware's hook, when it is the only one at `hook`: it may
+    /// borrow its arguments for the whole hook point, so an answer it has
+    /// at once needs no boxed future.
+    pub(crate) fn sole_hook<'a, T: Send + 'a>(
+        e: &'a Entry,
+        ctx: &'a RunContext,
+        hook: HookPoint,
+        make: impl FnOnce() -> Hook<'a, T>,
+    ) -> Folded<'a, Option<T>> {
+        match invoke_now(e, ctx, hook, make) {
+            Invoked::Done(found) => Folded::now(found),
+            Invoked::Pending(future) => Folded::Later(Box::pin(finish(e, ctx, hook, future))),
+        }
     }
 }
