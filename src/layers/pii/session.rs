@@ -9,7 +9,7 @@ use std::{
 
 use sha2::{Digest, Sha256};
 
-use super::{config::Strategy, engine::PiiEngine, kind::PiiKind, stream::StreamRestorer};
+use super::{config::Strategy, engine::PiiEngine, kind::PiiKind};
 
 /// Masking refused a text because it holds PII whose strategy is
 /// [`Strategy::Block`].
@@ -123,6 +123,13 @@ pub struct PiiSession {
     vault: RwLock<Vault>,
 }
 
+impl PiiEngine {
+    /// A new, empty session (placeholder map) using this engine.
+    pub fn session(&self) -> PiiSession {
+        PiiSession::new(self.clone())
+    }
+}
+
 impl PiiSession {
     /// An empty session using `engine`.
     pub fn new(engine: PiiEngine) -> Self {
@@ -198,11 +205,6 @@ impl PiiSession {
     /// borrowed when nothing is replaced.
     pub fn restore<'a>(&self, text: &'a str) -> Cow<'a, str> {
         self.vault().restore(text)
-    }
-
-    /// A restorer for text arriving in chunks (a streamed model response).
-    pub fn stream_restorer(self: &Arc<Self>) -> StreamRestorer {
-        StreamRestorer::new(self.clone())
     }
 
     /// The original value behind `placeholder`, if this session handed it out.

@@ -40,6 +40,13 @@ pub struct StreamRestorer {
     pending: String,
 }
 
+impl PiiSession {
+    /// A restorer for text arriving in chunks (a streamed model response).
+    pub fn stream_restorer(self: &Arc<Self>) -> StreamRestorer {
+        StreamRestorer::new(self.clone())
+    }
+}
+
 impl StreamRestorer {
     /// A restorer for `session`, with nothing pending.
     pub fn new(session: Arc<PiiSession>) -> Self {
