@@ -7,14 +7,18 @@
 //!
 //! ```
 //! use tower::ServiceBuilder;
-//! use tower_agent::layers::pii::{MaskPiiLayer, PiiConfig};
+//! use tower_agent::layers::pii::{MaskPiiLayer, PiiKind};
 //! use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), tower_agent::AgentError> {
 //! let model = ScriptedModel::new([ScriptedTurn::text("I will write to <EMAIL_1>.")]);
 //! let agent = Agent::builder("support")
-//!     .model(ServiceBuilder::new().layer(MaskPiiLayer::new(PiiConfig::new())).service(model.clone()))
+//!     .model(
+//!         ServiceBuilder::new()
+//!             .layer(MaskPiiLayer::new().block(PiiKind::PrivateKey))
+//!             .service(model.clone()),
+//!     )
 //!     .build()?;
 //!
 //! let run = agent.run("Please e-mail ann@example.com").await?;
@@ -76,8 +80,12 @@
 //!
 //! # Strategies
 //!
-//! A [`PiiConfig`] picks the kinds to detect and a [`Strategy`] per kind
-//! (default [`Strategy::Mask`]):
+//! The layer picks the kinds to detect and a [`Strategy`] per kind
+//! (default [`Strategy::Mask`]) with its setters
+//! ([`MaskPiiLayer::kinds`], [`strategy`](MaskPiiLayer::strategy),
+//! [`block`](MaskPiiLayer::block), [`custom`](MaskPiiLayer::custom),
+//! [`hash_salt`](MaskPiiLayer::hash_salt), …); a [`PiiConfig`] does the
+//! same for an engine used on its own:
 //!
 //! * **Mask**: `<EMAIL_1>`, `<EMAIL_2>`, …, numbered per kind; reversible.
 //! * **Redact**: `[REDACTED_EMAIL]`; not reversible.
