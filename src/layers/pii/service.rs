@@ -82,7 +82,7 @@ fn mask_message(
     message: &Message,
     count: &mut usize,
 ) -> Result<Message, PiiBlocked> {
-    let mut mask = |text: &str| -> Result<Option<String>, PiiBlocked> {
+    let mask = |text: &str, count: &mut usize| -> Result<Option<String>, PiiBlocked> {
         Ok(match session.mask(text)? {
             std::borrow::Cow::Borrowed(_) => None,
             std::borrow::Cow::Owned(masked) => {
@@ -94,15 +94,27 @@ fn mask_message(
     let mut out = message.clone();
     match &mut out.content {
         Some(MessageContent::Text(text)) => {
-            if let Some(masked) = mask(text)? {
+            if let Some(masked) = mask(text, count)? {
                 *text = masked;
             }
         }
         Some(MessageContent::Parts(parts)) => {
-            for part in parts {
-                if let ContentPart::Text { text } = part {
-                    if let Some(masked) = mask(text)? {
-                        *text = masked;
+            // The model reads the text parts joined up: mask them as one.
+            let texts: Vec<&str> = parts
+                .iter()
+                .filter_map(|part| match part {
+                    ContentPart::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect();
+            if let Some(masked) = session.mask_parts(&texts)? {
+                *count += 1;
+                let mut masked = masked.into_iter();
+                for part in parts.iter_mut() {
+                    if let ContentPart::Text { text } = part {
+                        if let Some(m) = masked.next() {
+                            *text = m;
+                        }
                     }
                 }
             }
@@ -110,7 +122,7 @@ fn mask_message(
         None => {}
     }
     for call in &mut out.tool_calls {
-        if let Some(masked) = mask(&call.arguments)? {
+        if let Some(masked) = mask(&call.arguments, count)? {
             call.arguments = masked;
         }
     }

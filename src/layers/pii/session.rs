@@ -9,7 +9,11 @@ use std::{
 
 use sha2::{Digest, Sha256};
 
-use super::{config::Strategy, engine::PiiEngine, kind::PiiKind};
+use super::{
+    config::Strategy,
+    engine::PiiEngine,
+    kind::{Detection, PiiKind},
+};
 
 /// Masking refused a text because it holds PII whose strategy is
 /// [`Strategy::Block`].
@@ -169,34 +173,106 @@ impl PiiSession {
         for (d, strategy) in found.iter().zip(strategies) {
             out.push_str(&text[last..d.range.start]);
             last = d.range.end;
-            let value = &text[d.range.clone()];
-            let label = d.kind.label();
-            match strategy {
-                Strategy::Mask => {
-                    let vault = vault.get_or_insert_with(|| {
-                        self.vault.write().unwrap_or_else(PoisonError::into_inner)
-                    });
-                    out.push_str(&vault.placeholder(&label, value));
-                }
-                Strategy::Redact => {
-                    let _ = write!(out, "[REDACTED_{label}]");
-                }
-                Strategy::Hash => {
-                    let digest = Sha256::new()
-                        .chain_update(config.salt())
-                        .chain_update(value.as_bytes())
-                        .finalize();
-                    let _ = write!(out, "<{label}_");
-                    for b in &digest[..4] {
-                        let _ = write!(out, "{b:02x}");
-                    }
-                    out.push('>');
-                }
-                Strategy::Block => unreachable!("blocked texts returned above"),
-            }
+            self.replace(&mut vault, &mut out, d, &text[d.range.clone()], strategy);
         }
         out.push_str(&text[last..]);
         Ok(Cow::Owned(out))
+    }
+
+    /// Masks texts that are read as one (the text parts of a message): they
+    /// are joined, masked as one text, and the result is cut back at the
+    /// parts' boundaries. A value that spans parts is replaced in the part
+    /// where it starts; the rest of it is taken out of the parts after.
+    /// Returns `None` when nothing is found.
+    pub fn mask_parts(&self, parts: &[&str]) -> Result<Option<Vec<String>>, PiiBlocked> {
+        let joined = parts.concat();
+        let found = self.engine.detect(&joined);
+        if found.is_empty() {
+            return Ok(None);
+        }
+        let config = self.engine.config();
+        let strategies: Vec<Strategy> =
+            found.iter().map(|d| config.strategy_for(&d.kind)).collect();
+        if let Some(i) = strategies.iter().position(|s| *s == Strategy::Block) {
+            return Err(PiiBlocked {
+                kind: found[i].kind.clone(),
+            });
+        }
+        let mut starts = Vec::with_capacity(parts.len() + 1);
+        let mut at = 0;
+        for part in parts {
+            starts.push(at);
+            at += part.len();
+        }
+        starts.push(at);
+        let mut outs: Vec<String> = parts
+            .iter()
+            .map(|p| String::with_capacity(p.len()))
+            .collect();
+        // Copies `joined[a..b]` into the parts it falls in.
+        let copy = |outs: &mut Vec<String>, a: usize, b: usize| {
+            for (i, out) in outs.iter_mut().enumerate() {
+                let (s, e) = (starts[i].max(a), starts[i + 1].min(b));
+                if s < e {
+                    out.push_str(&joined[s..e]);
+                }
+            }
+        };
+        let mut vault = None;
+        let mut last = 0;
+        for (d, strategy) in found.iter().zip(strategies) {
+            copy(&mut outs, last, d.range.start);
+            last = d.range.end;
+            // The part holding the value's first byte (empty parts hold none).
+            let home = (0..parts.len())
+                .find(|&i| starts[i] <= d.range.start && d.range.start < starts[i + 1])
+                .unwrap_or(parts.len() - 1);
+            self.replace(
+                &mut vault,
+                &mut outs[home],
+                d,
+                &joined[d.range.clone()],
+                strategy,
+            );
+        }
+        copy(&mut outs, last, joined.len());
+        Ok(Some(outs))
+    }
+
+    /// Writes the replacement of one detected `value` to `out`.
+    fn replace<'s>(
+        &'s self,
+        vault: &mut Option<std::sync::RwLockWriteGuard<'s, Vault>>,
+        out: &mut String,
+        d: &Detection,
+        value: &str,
+        strategy: Strategy,
+    ) {
+        let label = d.kind.label();
+        match strategy {
+            Strategy::Mask => {
+                let vault = vault.get_or_insert_with(|| {
+                    self.vault.write().unwrap_or_else(PoisonError::into_inner)
+                });
+                out.push_str(&vault.placeholder(&label, value));
+            }
+            Strategy::Redact => {
+                let _ = write!(out, "[REDACTED_{label}]");
+            }
+            Strategy::Hash => {
+                let digest = Sha256::new()
+                    .chain_update(self.engine.config().salt())
+                    .chain_update(value.as_bytes())
+                    .finalize();
+                let _ = write!(out, "<{label}_");
+                for b in &digest[..4] {
+                    let _ = write!(out, "{b:02x}");
+                }
+                out.push('>');
+            }
+            // Blocked texts are refused before anything is replaced.
+            Strategy::Block => {}
+        }
     }
 
     /// Replaces the placeholders this session handed out with their original
