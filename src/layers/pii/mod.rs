@@ -38,7 +38,12 @@
 //!   it was copied, which [`History::lineage`](crate::types::History::lineage)
 //!   tells in O(1)).
 //! * **Restores** the placeholders in the model's answer and in its tool-call
-//!   arguments, so the user and the tools see the real values.
+//!   arguments, so the user and the tools see the real values. Inside the
+//!   arguments' JSON strings a value is escaped for JSON
+//!   ([`PiiSession::restore_json`]): a multi-line key still parses, and one
+//!   masked from arguments ([`PiiSession::mask_json`]) comes back as it stood.
+//! * **Masks a message's text parts as one text**
+//!   ([`PiiSession::mask_parts`]), as the model reads them joined up.
 //! * **Streams**: deltas pass through [`StreamRestorer`]s (one for the text,
 //!   one per tool call), so the emitted deltas concatenate to the restored
 //!   full text for any chunking; what they hold back is sent when the call

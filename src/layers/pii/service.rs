@@ -91,6 +91,15 @@ fn mask_message(
             }
         })
     };
+    let mask_json = |text: &str, count: &mut usize| -> Result<Option<String>, PiiBlocked> {
+        Ok(match session.mask_json(text)? {
+            std::borrow::Cow::Borrowed(_) => None,
+            std::borrow::Cow::Owned(masked) => {
+                *count += 1;
+                Some(masked)
+            }
+        })
+    };
     let mut out = message.clone();
     match &mut out.content {
         Some(MessageContent::Text(text)) => {
@@ -122,7 +131,7 @@ fn mask_message(
         None => {}
     }
     for call in &mut out.tool_calls {
-        if let Some(masked) = mask(&call.arguments, count)? {
+        if let Some(masked) = mask_json(&call.arguments, count)? {
             call.arguments = masked;
         }
     }
@@ -148,7 +157,9 @@ fn restore_message(session: &PiiSession, message: &mut Message) {
         None => {}
     }
     for call in &mut message.tool_calls {
-        restore(&mut call.arguments);
+        if let std::borrow::Cow::Owned(restored) = session.restore_json(&call.arguments) {
+            call.arguments = restored;
+        }
     }
 }
 
@@ -207,7 +218,7 @@ fn restoring_sink(
                 let restorer = state
                     .calls
                     .entry(*index)
-                    .or_insert_with(|| session.stream_restorer());
+                    .or_insert_with(|| session.json_stream_restorer());
                 sink.send(&ModelDelta::ToolCall {
                     index: *index,
                     id: id.clone(),

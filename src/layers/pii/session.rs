@@ -36,6 +36,9 @@ pub(crate) struct Vault {
     counters: HashMap<Arc<str>, u64>,
     /// Length in bytes of the longest placeholder.
     max_len: usize,
+    /// Placeholders whose value was masked from inside JSON (tool-call
+    /// arguments), and so is stored escaped for a JSON string.
+    escaped: std::collections::HashSet<Arc<str>>,
 }
 
 impl Vault {
@@ -73,12 +76,28 @@ impl Vault {
     /// from a `<` to the next `>` when no other `<` comes first; it is
     /// replaced if the vault knows it, left as is otherwise.
     pub(crate) fn restore<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        self.restore_in(text, None)
+    }
+
+    /// As [`restore`](Self::restore); with `json`, `text` is (the next piece
+    /// of) a JSON document whose scan state `json` carries, and a value
+    /// restored inside a JSON string is escaped for it, unless it was masked
+    /// from JSON (and so is escaped already).
+    pub(crate) fn restore_in<'a>(
+        &self,
+        text: &'a str,
+        mut json: Option<&mut JsonScan>,
+    ) -> Cow<'a, str> {
         if self.is_empty() {
+            if let Some(scan) = json {
+                scan.advance(text.as_bytes());
+            }
             return Cow::Borrowed(text);
         }
         let bytes = text.as_bytes();
         let mut out = String::new();
         let mut copied = 0;
+        let mut scanned = 0;
         let mut from = 0;
         while let Some(k) = text[from..].find('<') {
             let open = from + k;
@@ -99,16 +118,74 @@ impl Vault {
                     out.reserve(text.len());
                 }
                 out.push_str(&text[copied..open]);
-                out.push_str(value);
+                let escape = match json.as_deref_mut() {
+                    Some(scan) => {
+                        scan.advance(&bytes[scanned..open]);
+                        scanned = open;
+                        scan.in_string() && !self.escaped.contains(&text[open..=close])
+                    }
+                    None => false,
+                };
+                if escape {
+                    push_json_escaped(&mut out, value);
+                } else {
+                    out.push_str(value);
+                }
                 copied = close + 1;
                 from = copied;
             }
+        }
+        if let Some(scan) = json {
+            scan.advance(&bytes[scanned..]);
         }
         if copied == 0 {
             Cow::Borrowed(text)
         } else {
             out.push_str(&text[copied..]);
             Cow::Owned(out)
+        }
+    }
+}
+
+/// Where a scan of a JSON text stands: inside a string or not, and after a
+/// backslash or not.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct JsonScan {
+    in_string: bool,
+    escape: bool,
+}
+
+impl JsonScan {
+    fn advance(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if self.escape {
+                self.escape = false;
+            } else if self.in_string && b == b'\\' {
+                self.escape = true;
+            } else if b == b'"' {
+                self.in_string = !self.in_string;
+            }
+        }
+    }
+
+    fn in_string(&self) -> bool {
+        self.in_string && !self.escape
+    }
+}
+
+/// Appends `value` escaped for the inside of a JSON string.
+fn push_json_escaped(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
         }
     }
 }
@@ -155,6 +232,17 @@ impl PiiSession {
     /// [`PiiBlocked`] naming the first such kind, and the session is left
     /// untouched.
     pub fn mask<'a>(&self, text: &'a str) -> Result<Cow<'a, str>, PiiBlocked> {
+        self.mask_as(text, false)
+    }
+
+    /// As [`mask`](Self::mask), for a JSON text such as tool-call arguments:
+    /// the values it masks are stored as they stand in the JSON (escaped),
+    /// and [`restore_json`](Self::restore_json) puts them back unchanged.
+    pub fn mask_json<'a>(&self, text: &'a str) -> Result<Cow<'a, str>, PiiBlocked> {
+        self.mask_as(text, true)
+    }
+
+    fn mask_as<'a>(&self, text: &'a str, json: bool) -> Result<Cow<'a, str>, PiiBlocked> {
         let found = self.engine.detect(text);
         if found.is_empty() {
             return Ok(Cow::Borrowed(text));
@@ -173,7 +261,14 @@ impl PiiSession {
         for (d, strategy) in found.iter().zip(strategies) {
             out.push_str(&text[last..d.range.start]);
             last = d.range.end;
-            self.replace(&mut vault, &mut out, d, &text[d.range.clone()], strategy);
+            self.replace(
+                &mut vault,
+                &mut out,
+                d,
+                &text[d.range.clone()],
+                strategy,
+                json,
+            );
         }
         out.push_str(&text[last..]);
         Ok(Cow::Owned(out))
@@ -233,6 +328,7 @@ impl PiiSession {
                 d,
                 &joined[d.range.clone()],
                 strategy,
+                false,
             );
         }
         copy(&mut outs, last, joined.len());
@@ -247,6 +343,7 @@ impl PiiSession {
         d: &Detection,
         value: &str,
         strategy: Strategy,
+        json: bool,
     ) {
         let label = d.kind.label();
         match strategy {
@@ -254,7 +351,13 @@ impl PiiSession {
                 let vault = vault.get_or_insert_with(|| {
                     self.vault.write().unwrap_or_else(PoisonError::into_inner)
                 });
-                out.push_str(&vault.placeholder(&label, value));
+                let known = vault.by_placeholder.len();
+                let placeholder = vault.placeholder(&label, value);
+                // A value keeps the form it was first masked in.
+                if json && vault.by_placeholder.len() > known {
+                    vault.escaped.insert(placeholder.clone());
+                }
+                out.push_str(&placeholder);
             }
             Strategy::Redact => {
                 let _ = write!(out, "[REDACTED_{label}]");
@@ -281,6 +384,16 @@ impl PiiSession {
     /// borrowed when nothing is replaced.
     pub fn restore<'a>(&self, text: &'a str) -> Cow<'a, str> {
         self.vault().restore(text)
+    }
+
+    /// As [`restore`](Self::restore), for a JSON text such as tool-call
+    /// arguments: a value restored inside a JSON string is escaped for it
+    /// (quotes, backslashes, control characters), so the JSON still parses
+    /// and the string decodes to the original value. A value masked with
+    /// [`mask_json`](Self::mask_json) is put back as it stood.
+    pub fn restore_json<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        self.vault()
+            .restore_in(text, Some(&mut JsonScan::default()))
     }
 
     /// The original value behind `placeholder`, if this session handed it out.
