@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_agent::event::{AgentEvent, CollectingSink};
-use tower_agent::layers::pii::{MaskPiiLayer, PiiConfig, PiiKind, Strategy};
+use tower_agent::layers::pii::{CustomDetector, MaskPiiLayer, PiiConfig, PiiKind, Strategy};
 use tower_agent::types::{Message, ModelDelta, ModelRequest, ModelResponse, Role};
 use tower_agent::{
     tool_sync, Agent, BoxError, DeltaSink, ModelCall, RunContext, RunRequest, ScriptedModel,
@@ -17,7 +17,7 @@ use tower_agent::{
 use tower_test::mock;
 
 fn layer() -> MaskPiiLayer {
-    MaskPiiLayer::new(PiiConfig::new())
+    MaskPiiLayer::new()
 }
 
 #[tokio::test]
@@ -117,12 +117,11 @@ async fn tools_get_real_values_and_their_results_are_masked_for_the_model() {
 
 #[tokio::test]
 async fn a_blocked_kind_trips_the_run() {
-    let config = PiiConfig::new().strategy(PiiKind::ApiKey, Strategy::Block);
     let model = ScriptedModel::new([ScriptedTurn::text("never")]);
     let agent = Agent::builder("a")
         .model(
             ServiceBuilder::new()
-                .layer(MaskPiiLayer::new(config))
+                .layer(MaskPiiLayer::new().block(PiiKind::ApiKey))
                 .service(model.clone()),
         )
         .build()
@@ -246,4 +245,70 @@ proptest! {
         prop_assert!(!wire.contains(&email), "{}", wire);
         prop_assert!(!wire.contains(&phone), "{}", wire);
     }
+}
+
+#[tokio::test]
+async fn the_layer_is_its_own_builder() {
+    let layer = MaskPiiLayer::new()
+        .kinds([PiiKind::Email, PiiKind::Phone])
+        .strategy(PiiKind::Phone, Strategy::Redact)
+        .custom_pattern("ticket", r"\bT-\d{4}\b")
+        .custom(CustomDetector::from_fn("codename", |t: &str| {
+            t.match_indices("Bluebird")
+                .map(|(i, m)| i..i + m.len())
+                .collect()
+        }))
+        .hash_salt("s");
+    let engine = layer.engine().unwrap();
+    assert!(!engine.config().is_enabled(&PiiKind::CreditCard));
+    assert_eq!(engine.config().custom_detectors()[0].name(), "ticket");
+    assert_eq!(engine.config().custom_detectors()[1].name(), "codename");
+
+    let model = ScriptedModel::new([ScriptedTurn::text("ok")]);
+    let mut svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(model.clone());
+    let call = ModelCall::new(
+        ModelRequest::new(
+            "m",
+            vec![Message::user(
+                "T-1234 Bluebird ann@example.com, +44 20 7946 0958, 4111 1111 1111 1111",
+            )],
+        ),
+        RunContext::new(),
+    );
+    svc.ready().await.unwrap().call(call).await.unwrap();
+    assert_eq!(
+        model.requests()[0].messages[0].text(),
+        "<TICKET_1> <CODENAME_1> <EMAIL_1>, [REDACTED_PHONE], 4111 1111 1111 1111"
+    );
+
+    // A disabled custom kind is gone, whichever way it was registered.
+    let engine = layer.disable(PiiKind::custom("ticket")).engine().unwrap();
+    assert_eq!(engine.config().custom_detectors().len(), 1);
+
+    // An engine given to the layer is used as is, and setters build anew.
+    let shared = PiiConfig::empty().enable(PiiKind::Email).build();
+    let layer = MaskPiiLayer::with_engine(shared.clone());
+    assert!(!layer.engine().unwrap().config().is_enabled(&PiiKind::Phone));
+    let grown = layer.enable(PiiKind::Phone).engine().unwrap();
+    assert!(grown.config().is_enabled(&PiiKind::Phone));
+    assert!(grown.config().is_enabled(&PiiKind::Email));
+}
+
+#[tokio::test]
+async fn a_bad_custom_pattern_is_a_config_error_at_validate_and_on_every_call() {
+    let layer = MaskPiiLayer::new().custom_pattern("order", "ORD-(\\d+");
+    let err = layer.validate().unwrap_err();
+    assert_eq!(err.code(), "INVALID_CONFIG");
+    assert!(err.to_string().contains("`order`"), "{err}");
+
+    let model = ScriptedModel::new([ScriptedTurn::text("never")]);
+    let agent = Agent::builder("a")
+        .model(ServiceBuilder::new().layer(layer).service(model.clone()))
+        .build()
+        .unwrap();
+    let err = agent.run("hello").await.unwrap_err();
+    assert_eq!(err.code(), "INVALID_CONFIG", "{err}");
+    assert_eq!(model.requests().len(), 0, "nothing reached the model");
 }

@@ -5,7 +5,7 @@ use std::{collections::HashMap, fmt, ops::Range, sync::Arc};
 
 use regex::Regex;
 
-use super::{engine::PiiEngine, kind::PiiKind};
+use super::kind::PiiKind;
 
 /// What masking does with one detected value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -135,7 +135,7 @@ impl fmt::Debug for CustomDetector {
 /// Which kinds to detect and which [`Strategy`] applies to each.
 ///
 /// Built with consuming setters, then turned into a shareable
-/// [`PiiEngine`] with [`build`](PiiConfig::build):
+/// [`PiiEngine`](super::PiiEngine) with [`build`](PiiConfig::build):
 ///
 /// ```
 /// use tower_agent::layers::pii::{PiiConfig, PiiKind, Strategy};
@@ -240,11 +240,6 @@ impl PiiConfig {
     pub fn hash_salt(mut self, salt: impl AsRef<[u8]>) -> Self {
         self.hash_salt = Arc::from(salt.as_ref());
         self
-    }
-
-    /// Compiles the configuration into a cheaply cloneable [`PiiEngine`].
-    pub fn build(self) -> PiiEngine {
-        PiiEngine::new(self)
     }
 
     /// The strategy that applies to `kind`.

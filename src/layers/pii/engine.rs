@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
-use super::{config::PiiConfig, detect, kind::Detection, patterns, session::PiiSession};
+use super::{config::PiiConfig, detect, kind::Detection, patterns};
 
-/// A compiled [`PiiConfig`]: detects PII and opens [sessions](PiiSession).
+/// A compiled [`PiiConfig`]: detects PII and opens
+/// [sessions](super::PiiSession).
 ///
 /// Cloning is cheap (one `Arc`), so build one engine at start-up and share
 /// it. The built-in regexes are compiled once per process, on the first
@@ -17,6 +18,13 @@ pub struct PiiEngine {
 impl Default for PiiEngine {
     fn default() -> Self {
         PiiConfig::new().build()
+    }
+}
+
+impl PiiConfig {
+    /// Compiles the configuration into a cheaply cloneable [`PiiEngine`].
+    pub fn build(self) -> PiiEngine {
+        PiiEngine::new(self)
     }
 }
 
@@ -43,10 +51,5 @@ impl PiiEngine {
     /// IPv4, phone); then the earlier start wins.
     pub fn detect(&self, text: &str) -> Vec<Detection> {
         detect::detect(&self.config, text)
-    }
-
-    /// A new, empty session (placeholder map) using this engine.
-    pub fn session(&self) -> PiiSession {
-        PiiSession::new(self.clone())
     }
 }

@@ -7,14 +7,18 @@
 //!
 //! ```
 //! use tower::ServiceBuilder;
-//! use tower_agent::layers::pii::{MaskPiiLayer, PiiConfig};
+//! use tower_agent::layers::pii::{MaskPiiLayer, PiiKind};
 //! use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), tower_agent::AgentError> {
 //! let model = ScriptedModel::new([ScriptedTurn::text("I will write to <EMAIL_1>.")]);
 //! let agent = Agent::builder("support")
-//!     .model(ServiceBuilder::new().layer(MaskPiiLayer::new(PiiConfig::new())).service(model.clone()))
+//!     .model(
+//!         ServiceBuilder::new()
+//!             .layer(MaskPiiLayer::new().block(PiiKind::PrivateKey))
+//!             .service(model.clone()),
+//!     )
 //!     .build()?;
 //!
 //! let run = agent.run("Please e-mail ann@example.com").await?;
@@ -34,7 +38,12 @@
 //!   it was copied, which [`History::lineage`](crate::types::History::lineage)
 //!   tells in O(1)).
 //! * **Restores** the placeholders in the model's answer and in its tool-call
-//!   arguments, so the user and the tools see the real values.
+//!   arguments, so the user and the tools see the real values. Inside the
+//!   arguments' JSON strings a value is escaped for JSON
+//!   ([`PiiSession::restore_json`]): a multi-line key still parses, and one
+//!   masked from arguments ([`PiiSession::mask_json`]) comes back as it stood.
+//! * **Masks a message's text parts as one text**
+//!   ([`PiiSession::mask_parts`]), as the model reads them joined up.
 //! * **Streams**: deltas pass through [`StreamRestorer`]s (one for the text,
 //!   one per tool call), so the emitted deltas concatenate to the restored
 //!   full text for any chunking; what they hold back is sent when the call
@@ -76,8 +85,12 @@
 //!
 //! # Strategies
 //!
-//! A [`PiiConfig`] picks the kinds to detect and a [`Strategy`] per kind
-//! (default [`Strategy::Mask`]):
+//! The layer picks the kinds to detect and a [`Strategy`] per kind
+//! (default [`Strategy::Mask`]) with its setters
+//! ([`MaskPiiLayer::kinds`], [`strategy`](MaskPiiLayer::strategy),
+//! [`block`](MaskPiiLayer::block), [`custom`](MaskPiiLayer::custom),
+//! [`hash_salt`](MaskPiiLayer::hash_salt), …); a [`PiiConfig`] does the
+//! same for an engine used on its own:
 //!
 //! * **Mask**: `<EMAIL_1>`, `<EMAIL_2>`, …, numbered per kind; reversible.
 //! * **Redact**: `[REDACTED_EMAIL]`; not reversible.
@@ -175,6 +188,7 @@ mod kind;
 mod layer;
 mod patterns;
 mod scan;
+mod service;
 mod session;
 mod stream;
 mod validate;
@@ -182,6 +196,7 @@ mod validate;
 pub use config::{CustomDetector, PiiConfig, Strategy};
 pub use engine::PiiEngine;
 pub use kind::{Detection, PiiKind};
-pub use layer::{future, MaskPii, MaskPiiLayer};
+pub use layer::MaskPiiLayer;
+pub use service::{future, MaskPii};
 pub use session::{PiiBlocked, PiiSession};
 pub use stream::StreamRestorer;

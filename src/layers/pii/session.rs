@@ -9,7 +9,11 @@ use std::{
 
 use sha2::{Digest, Sha256};
 
-use super::{config::Strategy, engine::PiiEngine, kind::PiiKind, stream::StreamRestorer};
+use super::{
+    config::Strategy,
+    engine::PiiEngine,
+    kind::{Detection, PiiKind},
+};
 
 /// Masking refused a text because it holds PII whose strategy is
 /// [`Strategy::Block`].
@@ -32,6 +36,9 @@ pub(crate) struct Vault {
     counters: HashMap<Arc<str>, u64>,
     /// Length in bytes of the longest placeholder.
     max_len: usize,
+    /// Placeholders whose value was masked from inside JSON (tool-call
+    /// arguments), and so is stored escaped for a JSON string.
+    escaped: std::collections::HashSet<Arc<str>>,
 }
 
 impl Vault {
@@ -69,12 +76,28 @@ impl Vault {
     /// from a `<` to the next `>` when no other `<` comes first; it is
     /// replaced if the vault knows it, left as is otherwise.
     pub(crate) fn restore<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        self.restore_in(text, None)
+    }
+
+    /// As [`restore`](Self::restore); with `json`, `text` is (the next piece
+    /// of) a JSON document whose scan state `json` carries, and a value
+    /// restored inside a JSON string is escaped for it, unless it was masked
+    /// from JSON (and so is escaped already).
+    pub(crate) fn restore_in<'a>(
+        &self,
+        text: &'a str,
+        mut json: Option<&mut JsonScan>,
+    ) -> Cow<'a, str> {
         if self.is_empty() {
+            if let Some(scan) = json {
+                scan.advance(text.as_bytes());
+            }
             return Cow::Borrowed(text);
         }
         let bytes = text.as_bytes();
         let mut out = String::new();
         let mut copied = 0;
+        let mut scanned = 0;
         let mut from = 0;
         while let Some(k) = text[from..].find('<') {
             let open = from + k;
@@ -95,16 +118,74 @@ impl Vault {
                     out.reserve(text.len());
                 }
                 out.push_str(&text[copied..open]);
-                out.push_str(value);
+                let escape = match json.as_deref_mut() {
+                    Some(scan) => {
+                        scan.advance(&bytes[scanned..open]);
+                        scanned = open;
+                        scan.in_string() && !self.escaped.contains(&text[open..=close])
+                    }
+                    None => false,
+                };
+                if escape {
+                    push_json_escaped(&mut out, value);
+                } else {
+                    out.push_str(value);
+                }
                 copied = close + 1;
                 from = copied;
             }
+        }
+        if let Some(scan) = json {
+            scan.advance(&bytes[scanned..]);
         }
         if copied == 0 {
             Cow::Borrowed(text)
         } else {
             out.push_str(&text[copied..]);
             Cow::Owned(out)
+        }
+    }
+}
+
+/// Where a scan of a JSON text stands: inside a string or not, and after a
+/// backslash or not.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct JsonScan {
+    in_string: bool,
+    escape: bool,
+}
+
+impl JsonScan {
+    fn advance(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if self.escape {
+                self.escape = false;
+            } else if self.in_string && b == b'\\' {
+                self.escape = true;
+            } else if b == b'"' {
+                self.in_string = !self.in_string;
+            }
+        }
+    }
+
+    fn in_string(&self) -> bool {
+        self.in_string && !self.escape
+    }
+}
+
+/// Appends `value` escaped for the inside of a JSON string.
+fn push_json_escaped(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
         }
     }
 }
@@ -121,6 +202,13 @@ impl Vault {
 pub struct PiiSession {
     engine: PiiEngine,
     vault: RwLock<Vault>,
+}
+
+impl PiiEngine {
+    /// A new, empty session (placeholder map) using this engine.
+    pub fn session(&self) -> PiiSession {
+        PiiSession::new(self.clone())
+    }
 }
 
 impl PiiSession {
@@ -144,6 +232,17 @@ impl PiiSession {
     /// [`PiiBlocked`] naming the first such kind, and the session is left
     /// untouched.
     pub fn mask<'a>(&self, text: &'a str) -> Result<Cow<'a, str>, PiiBlocked> {
+        self.mask_as(text, false)
+    }
+
+    /// As [`mask`](Self::mask), for a JSON text such as tool-call arguments:
+    /// the values it masks are stored as they stand in the JSON (escaped),
+    /// and [`restore_json`](Self::restore_json) puts them back unchanged.
+    pub fn mask_json<'a>(&self, text: &'a str) -> Result<Cow<'a, str>, PiiBlocked> {
+        self.mask_as(text, true)
+    }
+
+    fn mask_as<'a>(&self, text: &'a str, json: bool) -> Result<Cow<'a, str>, PiiBlocked> {
         let found = self.engine.detect(text);
         if found.is_empty() {
             return Ok(Cow::Borrowed(text));
@@ -162,34 +261,121 @@ impl PiiSession {
         for (d, strategy) in found.iter().zip(strategies) {
             out.push_str(&text[last..d.range.start]);
             last = d.range.end;
-            let value = &text[d.range.clone()];
-            let label = d.kind.label();
-            match strategy {
-                Strategy::Mask => {
-                    let vault = vault.get_or_insert_with(|| {
-                        self.vault.write().unwrap_or_else(PoisonError::into_inner)
-                    });
-                    out.push_str(&vault.placeholder(&label, value));
-                }
-                Strategy::Redact => {
-                    let _ = write!(out, "[REDACTED_{label}]");
-                }
-                Strategy::Hash => {
-                    let digest = Sha256::new()
-                        .chain_update(config.salt())
-                        .chain_update(value.as_bytes())
-                        .finalize();
-                    let _ = write!(out, "<{label}_");
-                    for b in &digest[..4] {
-                        let _ = write!(out, "{b:02x}");
-                    }
-                    out.push('>');
-                }
-                Strategy::Block => unreachable!("blocked texts returned above"),
-            }
+            self.replace(
+                &mut vault,
+                &mut out,
+                d,
+                &text[d.range.clone()],
+                strategy,
+                json,
+            );
         }
         out.push_str(&text[last..]);
         Ok(Cow::Owned(out))
+    }
+
+    /// Masks texts that are read as one (the text parts of a message): they
+    /// are joined, masked as one text, and the result is cut back at the
+    /// parts' boundaries. A value that spans parts is replaced in the part
+    /// where it starts; the rest of it is taken out of the parts after.
+    /// Returns `None` when nothing is found.
+    pub fn mask_parts(&self, parts: &[&str]) -> Result<Option<Vec<String>>, PiiBlocked> {
+        let joined = parts.concat();
+        let found = self.engine.detect(&joined);
+        if found.is_empty() {
+            return Ok(None);
+        }
+        let config = self.engine.config();
+        let strategies: Vec<Strategy> =
+            found.iter().map(|d| config.strategy_for(&d.kind)).collect();
+        if let Some(i) = strategies.iter().position(|s| *s == Strategy::Block) {
+            return Err(PiiBlocked {
+                kind: found[i].kind.clone(),
+            });
+        }
+        let mut starts = Vec::with_capacity(parts.len() + 1);
+        let mut at = 0;
+        for part in parts {
+            starts.push(at);
+            at += part.len();
+        }
+        starts.push(at);
+        let mut outs: Vec<String> = parts
+            .iter()
+            .map(|p| String::with_capacity(p.len()))
+            .collect();
+        // Copies `joined[a..b]` into the parts it falls in.
+        let copy = |outs: &mut Vec<String>, a: usize, b: usize| {
+            for (i, out) in outs.iter_mut().enumerate() {
+                let (s, e) = (starts[i].max(a), starts[i + 1].min(b));
+                if s < e {
+                    out.push_str(&joined[s..e]);
+                }
+            }
+        };
+        let mut vault = None;
+        let mut last = 0;
+        for (d, strategy) in found.iter().zip(strategies) {
+            copy(&mut outs, last, d.range.start);
+            last = d.range.end;
+            // The part holding the value's first byte (empty parts hold none).
+            let home = (0..parts.len())
+                .find(|&i| starts[i] <= d.range.start && d.range.start < starts[i + 1])
+                .unwrap_or(parts.len() - 1);
+            self.replace(
+                &mut vault,
+                &mut outs[home],
+                d,
+                &joined[d.range.clone()],
+                strategy,
+                false,
+            );
+        }
+        copy(&mut outs, last, joined.len());
+        Ok(Some(outs))
+    }
+
+    /// Writes the replacement of one detected `value` to `out`.
+    fn replace<'s>(
+        &'s self,
+        vault: &mut Option<std::sync::RwLockWriteGuard<'s, Vault>>,
+        out: &mut String,
+        d: &Detection,
+        value: &str,
+        strategy: Strategy,
+        json: bool,
+    ) {
+        let label = d.kind.label();
+        match strategy {
+            Strategy::Mask => {
+                let vault = vault.get_or_insert_with(|| {
+                    self.vault.write().unwrap_or_else(PoisonError::into_inner)
+                });
+                let known = vault.by_placeholder.len();
+                let placeholder = vault.placeholder(&label, value);
+                // A value keeps the form it was first masked in.
+                if json && vault.by_placeholder.len() > known {
+                    vault.escaped.insert(placeholder.clone());
+                }
+                out.push_str(&placeholder);
+            }
+            Strategy::Redact => {
+                let _ = write!(out, "[REDACTED_{label}]");
+            }
+            Strategy::Hash => {
+                let digest = Sha256::new()
+                    .chain_update(self.engine.config().salt())
+                    .chain_update(value.as_bytes())
+                    .finalize();
+                let _ = write!(out, "<{label}_");
+                for b in &digest[..4] {
+                    let _ = write!(out, "{b:02x}");
+                }
+                out.push('>');
+            }
+            // Blocked texts are refused before anything is replaced.
+            Strategy::Block => {}
+        }
     }
 
     /// Replaces the placeholders this session handed out with their original
@@ -200,9 +386,14 @@ impl PiiSession {
         self.vault().restore(text)
     }
 
-    /// A restorer for text arriving in chunks (a streamed model response).
-    pub fn stream_restorer(self: &Arc<Self>) -> StreamRestorer {
-        StreamRestorer::new(self.clone())
+    /// As [`restore`](Self::restore), for a JSON text such as tool-call
+    /// arguments: a value restored inside a JSON string is escaped for it
+    /// (quotes, backslashes, control characters), so the JSON still parses
+    /// and the string decodes to the original value. A value masked with
+    /// [`mask_json`](Self::mask_json) is put back as it stood.
+    pub fn restore_json<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        self.vault()
+            .restore_in(text, Some(&mut JsonScan::default()))
     }
 
     /// The original value behind `placeholder`, if this session handed it out.

@@ -2,7 +2,7 @@
 
 use std::{fmt, sync::Arc};
 
-use super::session::PiiSession;
+use super::session::{JsonScan, PiiSession};
 
 /// Restores placeholders in a text that arrives in arbitrary chunks, such as
 /// a streamed model response, holding back as little as possible.
@@ -38,6 +38,24 @@ use super::session::PiiSession;
 pub struct StreamRestorer {
     session: Arc<PiiSession>,
     pending: String,
+    /// For a JSON stream (tool-call arguments), where its scan stands.
+    json: Option<JsonScan>,
+}
+
+impl PiiSession {
+    /// A restorer for text arriving in chunks (a streamed model response).
+    pub fn stream_restorer(self: &Arc<Self>) -> StreamRestorer {
+        StreamRestorer::new(self.clone())
+    }
+
+    /// A restorer for JSON arriving in chunks (streamed tool-call
+    /// arguments): as [`restore_json`](PiiSession::restore_json).
+    pub fn json_stream_restorer(self: &Arc<Self>) -> StreamRestorer {
+        StreamRestorer {
+            json: Some(JsonScan::default()),
+            ..StreamRestorer::new(self.clone())
+        }
+    }
 }
 
 impl StreamRestorer {
@@ -46,6 +64,7 @@ impl StreamRestorer {
         StreamRestorer {
             session,
             pending: String::new(),
+            json: None,
         }
     }
 
@@ -57,21 +76,27 @@ impl StreamRestorer {
             // Fast path: restore the delta directly unless its end might
             // start a placeholder.
             let cut = holdback(delta, vault.max_len());
-            let out = vault.restore(&delta[..cut]).into_owned();
+            let out = vault
+                .restore_in(&delta[..cut], self.json.as_mut())
+                .into_owned();
             self.pending.push_str(&delta[cut..]);
             return out;
         }
         self.pending.push_str(delta);
         let cut = holdback(&self.pending, vault.max_len());
-        let out = vault.restore(&self.pending[..cut]).into_owned();
+        let out = vault
+            .restore_in(&self.pending[..cut], self.json.as_mut())
+            .into_owned();
         self.pending.drain(..cut);
         out
     }
 
     /// Ends the stream: returns whatever was held back, restored.
-    pub fn finish(self) -> String {
+    pub fn finish(mut self) -> String {
         let vault = self.session.vault();
-        vault.restore(&self.pending).into_owned()
+        vault
+            .restore_in(&self.pending, self.json.as_mut())
+            .into_owned()
     }
 
     /// The text currently held back (an unfinished placeholder candidate).

@@ -1,0 +1,408 @@
+//! [`MaskPii`]: the PII engine as the innermost layer of the model stack.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+
+use serde_json::json;
+use tower::Service;
+
+use super::{PiiBlocked, PiiEngine, PiiSession, StreamRestorer};
+use crate::context::RunContext;
+use crate::error::{AgentError, BoxError};
+use crate::event::AgentEvent;
+use crate::request::{DeltaSink, ModelCall};
+use crate::types::{ContentPart, History, Message, MessageContent, ModelDelta, ModelResponse};
+
+/// Masks PII in every message a model receives and restores it in what the
+/// model answers, streamed or not. See the [module docs](super).
+#[derive(Debug, Clone)]
+pub struct MaskPii<S> {
+    inner: S,
+    /// The engine, or why the layer's configuration could not build one.
+    engine: Result<PiiEngine, Arc<str>>,
+}
+
+impl<S> MaskPii<S> {
+    /// Wraps `inner`, masking what `engine` detects.
+    pub fn new(inner: S, engine: PiiEngine) -> Self {
+        Self {
+            inner,
+            engine: Ok(engine),
+        }
+    }
+
+    /// Wraps `inner` with what a layer's configuration built.
+    pub(super) fn from_built(inner: S, engine: Result<PiiEngine, Arc<str>>) -> Self {
+        Self { inner, engine }
+    }
+
+    inner_accessors!(inner: S);
+}
+
+/// One run's masking state, kept in the run's context: the placeholder map
+/// (so placeholders stay the same across turns) and the masked history (so
+/// unchanged messages are not masked again).
+#[derive(Clone)]
+struct RunPii(Arc<Mutex<RunPiiState>>);
+
+struct RunPiiState {
+    session: Arc<PiiSession>,
+    /// How many messages of the run's history `masked` covers.
+    source_len: usize,
+    /// The lineage of that history, to tell an append from an edit.
+    source_lineage: u64,
+    masked: History,
+}
+
+impl RunPii {
+    fn of(ctx: &RunContext, engine: &PiiEngine) -> RunPii {
+        ctx.with_state(|state| {
+            state
+                .get_or_insert_with(|| {
+                    RunPii(Arc::new(Mutex::new(RunPiiState {
+                        session: Arc::new(engine.session()),
+                        source_len: 0,
+                        source_lineage: 0,
+                        masked: History::new(),
+                    })))
+                })
+                .clone()
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RunPiiState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Masks `message`, counting the values replaced.
+fn mask_message(
+    session: &PiiSession,
+    message: &Message,
+    count: &mut usize,
+) -> Result<Message, PiiBlocked> {
+    let mask = |text: &str, count: &mut usize| -> Result<Option<String>, PiiBlocked> {
+        Ok(match session.mask(text)? {
+            std::borrow::Cow::Borrowed(_) => None,
+            std::borrow::Cow::Owned(masked) => {
+                *count += 1;
+                Some(masked)
+            }
+        })
+    };
+    let mask_json = |text: &str, count: &mut usize| -> Result<Option<String>, PiiBlocked> {
+        Ok(match session.mask_json(text)? {
+            std::borrow::Cow::Borrowed(_) => None,
+            std::borrow::Cow::Owned(masked) => {
+                *count += 1;
+                Some(masked)
+            }
+        })
+    };
+    let mut out = message.clone();
+    match &mut out.content {
+        Some(MessageContent::Text(text)) => {
+            if let Some(masked) = mask(text, count)? {
+                *text = masked;
+            }
+        }
+        Some(MessageContent::Parts(parts)) => {
+            // The model reads the text parts joined up: mask them as one.
+            let texts: Vec<&str> = parts
+                .iter()
+                .filter_map(|part| match part {
+                    ContentPart::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect();
+            if let Some(masked) = session.mask_parts(&texts)? {
+                *count += 1;
+                let mut masked = masked.into_iter();
+                for part in parts.iter_mut() {
+                    if let ContentPart::Text { text } = part {
+                        if let Some(m) = masked.next() {
+                            *text = m;
+                        }
+                    }
+                }
+            }
+        }
+        None => {}
+    }
+    for call in &mut out.tool_calls {
+        if let Some(masked) = mask_json(&call.arguments, count)? {
+            call.arguments = masked;
+        }
+    }
+    Ok(out)
+}
+
+/// Restores the placeholders of `message` in place.
+fn restore_message(session: &PiiSession, message: &mut Message) {
+    let restore = |text: &mut String| {
+        if let std::borrow::Cow::Owned(restored) = session.restore(text) {
+            *text = restored;
+        }
+    };
+    match &mut message.content {
+        Some(MessageContent::Text(text)) => restore(text),
+        Some(MessageContent::Parts(parts)) => {
+            for part in parts {
+                if let ContentPart::Text { text } = part {
+                    restore(text);
+                }
+            }
+        }
+        None => {}
+    }
+    for call in &mut message.tool_calls {
+        if let std::borrow::Cow::Owned(restored) = session.restore_json(&call.arguments) {
+            call.arguments = restored;
+        }
+    }
+}
+
+/// The masked history for this call: the run's masked history, extended by
+/// the messages added since the last call (all of it again after an edit).
+fn masked_history(run: &RunPii, history: &History) -> Result<(History, usize), PiiBlocked> {
+    let mut state = run.lock();
+    let state = &mut *state;
+    let unchanged = state.source_len <= history.len() && history.lineage() == state.source_lineage;
+    if !unchanged {
+        state.source_len = 0;
+        state.masked = History::new();
+    }
+    let mut count = 0;
+    let mut added = Vec::with_capacity(history.len() - state.source_len);
+    for message in &history[state.source_len..] {
+        added.push(mask_message(&state.session, message, &mut count)?);
+    }
+    state.masked.extend(added);
+    state.source_len = history.len();
+    state.source_lineage = history.lineage();
+    Ok((state.masked.clone(), count))
+}
+
+/// Restores streamed deltas through hold-back buffers: one for the text, one
+/// per tool call's arguments.
+struct StreamState {
+    text: StreamRestorer,
+    calls: HashMap<usize, StreamRestorer>,
+}
+
+fn restoring_sink(
+    sink: DeltaSink,
+    session: Arc<PiiSession>,
+) -> (DeltaSink, Arc<Mutex<StreamState>>) {
+    let state = Arc::new(Mutex::new(StreamState {
+        text: session.stream_restorer(),
+        calls: HashMap::new(),
+    }));
+    let shared = state.clone();
+    let restoring = sink.wrap(move |sink, delta| {
+        let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
+        match delta {
+            ModelDelta::Text { text } => {
+                let out = state.text.push(text);
+                if !out.is_empty() {
+                    sink.send(&ModelDelta::Text { text: out });
+                }
+            }
+            ModelDelta::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            } => {
+                let restorer = state
+                    .calls
+                    .entry(*index)
+                    .or_insert_with(|| session.json_stream_restorer());
+                sink.send(&ModelDelta::ToolCall {
+                    index: *index,
+                    id: id.clone(),
+                    name: name.clone(),
+                    arguments: restorer.push(arguments),
+                });
+            }
+            other => sink.send(other),
+        }
+    });
+    (restoring, state)
+}
+
+/// Sends what the restorers still hold.
+fn flush(sink: &DeltaSink, state: &Mutex<StreamState>, session: &Arc<PiiSession>) {
+    let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+    let text = std::mem::replace(&mut state.text, session.stream_restorer()).finish();
+    if !text.is_empty() {
+        sink.send(&ModelDelta::Text { text });
+    }
+    let mut calls: Vec<_> = state.calls.drain().collect();
+    calls.sort_by_key(|(index, _)| *index);
+    for (index, restorer) in calls {
+        let arguments = restorer.finish();
+        if !arguments.is_empty() {
+            sink.send(&ModelDelta::ToolCall {
+                index,
+                id: None,
+                name: None,
+                arguments,
+            });
+        }
+    }
+}
+
+impl<S> Service<ModelCall> for MaskPii<S>
+where
+    S: Service<ModelCall, Response = ModelResponse>,
+    S::Error: Into<BoxError>,
+{
+    type Response = ModelResponse;
+    type Error = BoxError;
+    type Future = future::ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut call: ModelCall) -> Self::Future {
+        let engine = match &self.engine {
+            Ok(engine) => engine,
+            Err(message) => {
+                let err: BoxError = Box::new(AgentError::Config(message.to_string()));
+                return future::ResponseFuture::blocked(err);
+            }
+        };
+        let ctx = call.context.clone();
+        let run = RunPii::of(&ctx, engine);
+        let session = run.lock().session.clone();
+        let (masked, count) = match masked_history(&run, &call.request.messages) {
+            Ok(masked) => masked,
+            Err(blocked) => {
+                let err: BoxError = Box::new(AgentError::Tripwire {
+                    middleware: "pii".into(),
+                    hook: "wrap_model".into(),
+                    reason: format!(
+                        "the conversation holds PII of a blocked kind: {}",
+                        blocked.kind.label()
+                    ),
+                    info: Some(json!({ "kind": blocked.kind.label() })),
+                });
+                return future::ResponseFuture::blocked(err);
+            }
+        };
+        if count > 0 {
+            ctx.emit(|| AgentEvent::PiiMasked {
+                run_id: ctx.run_id().clone(),
+                count,
+            });
+        }
+        call.request.messages = masked;
+        let stream = call.stream.take().map(|sink| {
+            let (restoring, state) = restoring_sink(sink.clone(), session.clone());
+            call.stream = Some(restoring);
+            (sink, state)
+        });
+        future::ResponseFuture::new(self.inner.call(call), session, stream)
+    }
+}
+
+/// The future of [`MaskPii`].
+pub mod future {
+    use std::fmt;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{ready, Context, Poll};
+
+    use pin_project_lite::pin_project;
+
+    use super::{flush, restore_message, PiiSession, StreamState};
+    use crate::error::BoxError;
+    use crate::request::DeltaSink;
+    use crate::types::ModelResponse;
+
+    /// The caller's sink and the restorers feeding it.
+    pub(super) type Stream = (DeltaSink, Arc<Mutex<StreamState>>);
+
+    pin_project! {
+        /// The response future of [`MaskPii`](super::MaskPii): the inner
+        /// call, then the answer's placeholders restored.
+        pub struct ResponseFuture<F> {
+            #[pin]
+            state: State<F>,
+        }
+    }
+
+    pin_project! {
+        #[project = StateProj]
+        enum State<F> {
+            Calling {
+                #[pin]
+                future: F,
+                session: Arc<PiiSession>,
+                stream: Option<Stream>,
+            },
+            Blocked {
+                error: Option<BoxError>,
+            },
+        }
+    }
+
+    impl<F> ResponseFuture<F> {
+        pub(super) fn new(future: F, session: Arc<PiiSession>, stream: Option<Stream>) -> Self {
+            Self {
+                state: State::Calling {
+                    future,
+                    session,
+                    stream,
+                },
+            }
+        }
+
+        pub(super) fn blocked(error: BoxError) -> Self {
+            Self {
+                state: State::Blocked { error: Some(error) },
+            }
+        }
+    }
+
+    impl<F, E> Future for ResponseFuture<F>
+    where
+        F: Future<Output = Result<ModelResponse, E>>,
+        E: Into<BoxError>,
+    {
+        type Output = Result<ModelResponse, BoxError>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            match self.project().state.project() {
+                StateProj::Calling {
+                    future,
+                    session,
+                    stream,
+                } => {
+                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    if let Some((sink, state)) = stream.take() {
+                        flush(&sink, &state, session);
+                    }
+                    let mut response = result?;
+                    restore_message(session, &mut response.message);
+                    Poll::Ready(Ok(response))
+                }
+                StateProj::Blocked { error } => {
+                    Poll::Ready(Err(error.take().unwrap_or_else(|| {
+                        "the PII layer's future was polled after it finished".into()
+                    })))
+                }
+            }
+        }
+    }
+
+    impl<F> fmt::Debug for ResponseFuture<F> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("ResponseFuture").finish_non_exhaustive()
+        }
+    }
+}
