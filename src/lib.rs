@@ -13,6 +13,7 @@ pub mod layers;
 pub mod lifecycle;
 pub mod request;
 pub mod service;
+pub mod stores;
 pub mod tokens;
 pub mod types;
 
