@@ -106,3 +106,65 @@ async fn redis_cache_entries_carry_their_ttl() {
         .unwrap();
     assert!(pttl > 25_000 && pttl <= 30_000, "{pttl}");
 }
+
+/// Behind a store, the calls of one process still wait in arrival order,
+/// and a call that waited reports it.
+#[tokio::test(start_paused = true)]
+async fn store_backed_calls_wait_in_arrival_order() {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    use tower_agent::event::{AgentEvent, CollectingSink};
+    use tower_agent::layers::rate_limit::ModelRateLimitLayer;
+    use tower_agent::stores::quota::MemoryQuotaStore;
+    use tower_agent::types::{Message, ModelRequest};
+    use tower_agent::{ModelCall, RunContext, ScriptedModel, ScriptedTurn};
+
+    let limit = ModelRateLimitLayer::new()
+        .requests(1, Duration::from_secs(1))
+        .max_wait(Duration::from_secs(10))
+        .store(MemoryQuotaStore::new());
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let seen = order.clone();
+    let model = ScriptedModel::from_fn(move |request: &ModelRequest| {
+        let text: String = request
+            .messages
+            .last()
+            .map(|m| m.text().into_owned())
+            .unwrap_or_default();
+        seen.lock()
+            .unwrap()
+            .push((text, tokio::time::Instant::now()));
+        ScriptedTurn::text("ok")
+    });
+    let svc = ServiceBuilder::new().layer(limit).service(model);
+    let events = CollectingSink::new();
+    let start = tokio::time::Instant::now();
+    let calls = (0..4).map(|i| {
+        let mut svc = svc.clone();
+        let ctx = RunContext::builder().events(events.clone()).build();
+        let request = ModelRequest::new("m", vec![Message::user(format!("q{i}"))]);
+        async move {
+            svc.ready()
+                .await
+                .unwrap()
+                .call(ModelCall::new(request, ctx))
+                .await
+        }
+    });
+    for outcome in futures::future::join_all(calls).await {
+        outcome.unwrap();
+    }
+    let order = order.lock().unwrap();
+    let texts: Vec<_> = order.iter().map(|(t, _)| t.clone()).collect();
+    assert_eq!(texts, ["q0", "q1", "q2", "q3"]);
+    for (i, (_, at)) in order.iter().enumerate() {
+        assert_eq!(at.duration_since(start).as_secs(), i as u64);
+    }
+    let waits = events
+        .events()
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::RateLimitWait { .. }))
+        .count();
+    assert_eq!(waits, 3);
+}
