@@ -5,21 +5,23 @@
 //! cargo run --example quickstart
 //! ```
 //!
+//! The answer is printed as it streams in; then the transcript, counters
+//! and usage. With `RUST_LOG=tower_agent=info` (or `debug`) the run's
+//! progress is logged as well: each run, model call and tool call, with
+//! its model or tool, tokens and duration.
+//!
 //! With `OPENAI_BASE_URL` set (and `OPENAI_API_KEY`, `OPENAI_MODEL` as the
 //! endpoint needs), both agents talk to that OpenAI-compatible endpoint
 //! instead: OpenAI, vLLM, Ollama, llama.cpp, OpenRouter, Groq, …
 
+use std::io::Write;
 use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
-use tower::ServiceBuilder;
+use tower_agent::prelude::*;
 use tower_agent::service::{box_model, BoxModel};
-use tower_agent::types::{Message, Role, ToolCall};
-use tower_agent::{
-    tool_fn, tool_sync, Agent, AgentError, AgentTool, BoxError, RunContext, RunRequest,
-    ScriptedModel, ScriptedTurn, ToolRouter,
-};
+use tower_agent::types::ModelDelta;
 
 #[derive(Deserialize, JsonSchema)]
 struct OrderId {
@@ -101,6 +103,12 @@ fn print_transcript(messages: &[Message]) {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), AgentError> {
+    // Logs nothing unless `RUST_LOG` asks, e.g. `RUST_LOG=tower_agent=info`.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+
     let tools = ToolRouter::new()
         .tool(
             tool_sync("order_status", "Where an order is", |order: OrderId| {
@@ -135,13 +143,23 @@ async fn main() -> Result<(), AgentError> {
         .max_turns(6)
         .build()?;
 
+    // The answer's text, printed as the model streams it.
+    let stream = DeltaSink::new(|delta| {
+        if let ModelDelta::Text { text } = delta {
+            print!("{text}");
+            let _ = std::io::stdout().flush();
+        }
+    });
     let ctx = RunContext::builder().thread_id("thread-7").build();
-    let request =
-        RunRequest::new("Hi, where is my order A-1042? Do I get a refund?").context(ctx.clone());
-    let run = tower::ServiceExt::oneshot(agent, request).await?;
+    let request = RunRequest::new("Hi, where is my order A-1042? Do I get a refund?")
+        .context(ctx.clone())
+        .stream(stream);
+    print!("Streaming the answer: ");
+    let run = agent.run_with(request).await?;
+    println!();
 
     println!(
-        "Transcript of run {} ({}):",
+        "\nTranscript of run {} ({}):",
         run.run_id,
         run.status.as_str()
     );

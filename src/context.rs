@@ -21,6 +21,7 @@
 //! assert_eq!(child.stop_requested().unwrap().reason, "enough");
 //! ```
 
+use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
@@ -31,8 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::event::{AgentEvent, EventSink, NoopSink};
-use crate::hooks::RunHooks;
-use crate::types::{StopReason, Usage};
+use crate::types::{Cost, PriceTable, StopReason, Usage};
 
 /// One entry of the usage ledger: one model call that reached a backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,12 +45,17 @@ pub struct UsageEntry {
     pub model: String,
     /// What it cost.
     pub usage: Usage,
+    /// Its price, when the run has a price table
+    /// ([`set_prices`](RunContext::set_prices)) that knows the model.
+    pub cost: Option<Cost>,
 }
 
 #[derive(Debug, Default)]
 struct Ledger {
     own: Usage,
     total: Usage,
+    own_cost: Option<Cost>,
+    total_cost: Option<Cost>,
     entries: Vec<UsageEntry>,
 }
 
@@ -77,8 +82,13 @@ struct Inner {
     started: Instant,
     state: Mutex<http::Extensions>,
     ledger: Mutex<Ledger>,
+    prices: OnceLock<Arc<PriceTable>>,
     events: Arc<dyn EventSink>,
-    hooks: RwLock<Option<Arc<dyn RunHooks>>>,
+    /// The hook points installed in the run (see `crate::hooks`), opaque here.
+    port: RwLock<Option<PortSlot>>,
+    /// Set when a middleware of this run, or of a run it is nested in,
+    /// failed in this run or below: such an error fails this run too.
+    hook_failed: AtomicBool,
     pending_context: Mutex<Vec<String>>,
     stop: Mutex<Option<StopReason>>,
     /// Set once `stop` holds a reason without `by`: lets attribution skip the lock.
@@ -131,8 +141,15 @@ impl RunContext {
                 started: self.inner.started,
                 state: Mutex::default(),
                 ledger: Mutex::default(),
+                prices: self
+                    .inner
+                    .prices
+                    .get()
+                    .cloned()
+                    .map_or_else(OnceLock::new, OnceLock::from),
                 events: self.inner.events.clone(),
-                hooks: RwLock::new(self.hooks()),
+                port: RwLock::new(self.port_slot()),
+                hook_failed: AtomicBool::new(false),
                 pending_context: Mutex::default(),
                 stop: Mutex::default(),
                 stop_unattributed: AtomicBool::new(false),
@@ -260,17 +277,35 @@ impl RunContext {
     /// nested in. Providers call this; see
     /// [`ModelResponse::usage_recorded`](crate::types::ModelResponse::usage_recorded).
     pub fn record_usage(&self, model: &str, usage: Usage) {
+        let cost = self.inner.prices.get().and_then(|p| p.cost(model, &usage));
         let entry = UsageEntry {
             run_id: self.inner.run_id.clone(),
             agent: self.agent_name().cloned(),
             model: model.to_owned(),
             usage,
+            cost,
         };
-        lock(&self.inner.ledger).own += usage;
+        let mut own = lock(&self.inner.ledger);
+        own.own += usage;
+        if let Some(cost) = cost {
+            *own.own_cost.get_or_insert(Cost::ZERO) += cost;
+        }
+        drop(own);
+        if let Some(cost) = cost {
+            self.emit(|| AgentEvent::CostRecorded {
+                run_id: self.inner.run_id.clone(),
+                model: model.to_owned(),
+                usage,
+                cost,
+            });
+        }
         let mut ctx = Some(self);
         while let Some(c) = ctx {
             let mut ledger = lock(&c.inner.ledger);
             ledger.total += usage;
+            if let Some(cost) = cost {
+                *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
+            }
             ledger.entries.push(entry.clone());
             drop(ledger);
             ctx = c.parent();
@@ -292,6 +327,29 @@ impl RunContext {
     /// The usage of this run and of every run nested in it.
     pub fn total_usage(&self) -> Usage {
         lock(&self.inner.ledger).total
+    }
+
+    /// The priced cost of this run's own model calls, once a price table
+    /// priced one.
+    pub fn cost(&self) -> Option<Cost> {
+        lock(&self.inner.ledger).own_cost
+    }
+
+    /// The priced cost of this run and every run nested in it.
+    pub fn total_cost(&self) -> Option<Cost> {
+        lock(&self.inner.ledger).total_cost
+    }
+
+    /// Prices this run's usage (and its nested runs', when they start after
+    /// this) with `prices`: each [`UsageEntry`] gets its cost. The first
+    /// table set stays; a budget layer sets its own.
+    pub fn set_prices(&self, prices: &Arc<PriceTable>) {
+        let _ = self.inner.prices.set(prices.clone());
+    }
+
+    /// The price table of the run, if one was set.
+    pub fn prices(&self) -> Option<&Arc<PriceTable>> {
+        self.inner.prices.get()
     }
 
     /// One entry per model call of this run and the runs nested in it, in
@@ -369,7 +427,7 @@ impl RunContext {
     ///
     /// Cheap when there is nothing to attribute (one atomic load), so the
     /// lifecycle stack calls it after every hook.
-    pub fn attribute_stop(&self, by: &str) {
+    pub(crate) fn attribute_stop(&self, by: &str) {
         if !self.inner.stop_unattributed.load(Ordering::Acquire) {
             return;
         }
@@ -384,11 +442,10 @@ impl RunContext {
     /// Marks the run as bracketed by a lifecycle layer, which ran the
     /// `before_agent` hooks itself and will run the closing hooks; `context`
     /// is what those hooks added after the system prompt. The run loop then
-    /// takes that context instead of calling
-    /// [`RunHooks::start_run`], and leaves
-    /// [`end_run`](crate::hooks::RunHooks::end_run) to the layer. A second
-    /// layer on the same run adds its context to the first one's.
-    pub fn mark_bracketed(&self, context: Vec<String>) {
+    /// takes that context instead of asking `before_agent`, and leaves
+    /// `after_agent` to the layer. A second layer on the same run adds its
+    /// context to the first one's.
+    pub(crate) fn mark_bracketed(&self, context: Vec<String>) {
         lock(&self.inner.bracket)
             .get_or_insert_with(Vec::new)
             .extend(context);
@@ -396,7 +453,7 @@ impl RunContext {
 
     /// Whether a lifecycle layer brackets this run. See
     /// [`mark_bracketed`](Self::mark_bracketed).
-    pub fn is_bracketed(&self) -> bool {
+    pub(crate) fn is_bracketed(&self) -> bool {
         lock(&self.inner.bracket).is_some()
     }
 
@@ -408,26 +465,51 @@ impl RunContext {
             .unwrap_or_default()
     }
 
-    /// The hook points installed for this run (by the lifecycle layer, or
-    /// inherited from the parent run), if any.
-    pub fn hooks(&self) -> Option<Arc<dyn RunHooks>> {
+    /// The hook points installed for this run, opaque: `crate::hooks` reads
+    /// them.
+    pub(crate) fn port_slot(&self) -> Option<PortSlot> {
         self.inner
-            .hooks
+            .port
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
-    /// Installs the hook points the run loop calls, replacing any. The
-    /// lifecycle layer composes what it installs with what was inherited.
-    pub fn install_hooks(&self, hooks: Option<Arc<dyn RunHooks>>) {
+    /// Installs the hook points the run loop calls, replacing any.
+    pub(crate) fn set_port_slot(&self, slot: PortSlot) {
         *self
             .inner
-            .hooks
+            .port
             .write()
-            .unwrap_or_else(PoisonError::into_inner) = hooks;
+            .unwrap_or_else(PoisonError::into_inner) = Some(slot);
+    }
+
+    /// Records that a middleware installed in the run `levels` runs up
+    /// from this one (0: this run) failed here: this run and every run up to
+    /// that one fail with it, instead of reading it as a failed tool call.
+    pub(crate) fn note_hook_failure(&self, levels: usize) {
+        let mut current = Some(self);
+        let mut left = levels;
+        while let Some(ctx) = current {
+            ctx.inner.hook_failed.store(true, Ordering::Release);
+            if left == 0 {
+                break;
+            }
+            left -= 1;
+            current = ctx.parent();
+        }
+    }
+
+    /// Whether a middleware of this run or of one it is nested in failed in
+    /// this run or below. See [`note_hook_failure`](Self::note_hook_failure).
+    pub(crate) fn hook_failed_here(&self) -> bool {
+        self.inner.hook_failed.load(Ordering::Acquire)
     }
 }
+
+/// What [`RunContext`] keeps of the installed hook points: opaque here, so
+/// that the context does not depend on the port's types.
+pub(crate) type PortSlot = Arc<dyn Any + Send + Sync>;
 
 impl Default for RunContext {
     fn default() -> Self {
@@ -530,8 +612,10 @@ impl RunContextBuilder {
                 started: Instant::now(),
                 state: Mutex::new(self.state),
                 ledger: Mutex::default(),
+                prices: OnceLock::new(),
                 events: self.events.unwrap_or_else(|| Arc::new(NoopSink)),
-                hooks: RwLock::new(None),
+                port: RwLock::new(None),
+                hook_failed: AtomicBool::new(false),
                 pending_context: Mutex::default(),
                 stop: Mutex::default(),
                 stop_unattributed: AtomicBool::new(false),

@@ -10,6 +10,7 @@
 //! | a [`RateLimited`] (a local rate limit refused) | [`ErrorKind::RateLimited`], its `retry_after` kept |
 //! | a [`ProviderError`] of kind [`ErrorKind::Timeout`] | [`AgentError::Timeout`] from [`TimeoutSource::Provider`] |
 //! | `tower::timeout::error::Elapsed` | [`AgentError::Timeout`] from [`TimeoutSource::Tower`] |
+//! | a [`CircuitOpen`] (a circuit breaker refused) | [`ErrorKind::Unavailable`], its `retry_after` kept |
 //! | `tower::load_shed::error::Overloaded` | [`ErrorKind::Unavailable`] |
 //! | anything else | [`AgentError::Other`], the source kept |
 //!
@@ -46,7 +47,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::types::AgentRun;
+use crate::types::{AgentRun, Amount};
 
 mod timeout;
 
@@ -316,6 +317,97 @@ impl fmt::Display for RateLimited {
 
 impl StdError for RateLimited {}
 
+/// A circuit breaker refused a call at once: the model's provider failed
+/// too often lately. The leaf error of
+/// [`layers::circuit_breaker`](crate::layers::circuit_breaker); classifies
+/// as [`ErrorKind::Unavailable`] (`PROVIDER_UNAVAILABLE`), so a fallback
+/// moves on at once, and carries when the breaker will let a call through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CircuitOpen {
+    key: String,
+    retry_after: Duration,
+}
+
+impl CircuitOpen {
+    /// The breaker of `key` refused a call; it tries again `retry_after` from now.
+    pub fn new(key: impl Into<String>, retry_after: Duration) -> Self {
+        Self {
+            key: key.into(),
+            retry_after,
+        }
+    }
+
+    /// The breaker's key (by default the model's name).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// How long until the breaker lets a probe call through (zero while a
+    /// probe is already in flight).
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+}
+
+impl fmt::Display for CircuitOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "circuit `{}` is open: the provider failed too often; next try in {:?}",
+            self.key, self.retry_after
+        )
+    }
+}
+
+impl StdError for CircuitOpen {}
+
+/// A budget refused a model call: what was spent and reserved, plus the
+/// call's estimate, would pass its limit. Ends the run as a tripwire does
+/// (also from inside a nested run), with the code `BUDGET_EXCEEDED`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetExceeded {
+    /// The budget's name.
+    pub budget: String,
+    /// What it is kept for, e.g. `tenant:acme`, `thread:t-1`, `run:run_…`.
+    pub key: String,
+    /// Its limit.
+    pub limit: Amount,
+    /// What was spent, plus what calls in flight hold, when it refused.
+    pub spent: Amount,
+    /// What the refused call would have reserved.
+    pub requested: Amount,
+}
+
+impl fmt::Display for BudgetExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "budget `{}` ({}) exceeded: limit {}, spent {}, the call needs up to {}",
+            self.budget, self.key, self.limit, self.spent, self.requested
+        )
+    }
+}
+
+impl StdError for BudgetExceeded {}
+
+/// A call limit was reached: the run ends with the code `LIMIT_EXCEEDED`,
+/// as a tripwire does (also from inside a nested run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitExceeded {
+    /// The limit, e.g. `model_calls per run`, `tool_calls(search) per thread`.
+    pub limit: String,
+    /// How many calls it allows.
+    pub max: u32,
+}
+
+impl fmt::Display for LimitExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "limit reached: at most {} {}", self.max, self.limit)
+    }
+}
+
+impl StdError for LimitExceeded {}
+
 /// The error of a run, and of anything the run classifies.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -395,6 +487,12 @@ pub enum AgentError {
     /// The agent's configuration is wrong.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A budget refused a model call (`BUDGET_EXCEEDED`, a tripwire).
+    #[error(transparent)]
+    BudgetExceeded(BudgetExceeded),
+    /// A call limit was reached (`LIMIT_EXCEEDED`, a tripwire).
+    #[error(transparent)]
+    LimitExceeded(LimitExceeded),
     /// Any other failure, with its source.
     #[error(transparent)]
     Other(BoxError),
@@ -415,13 +513,19 @@ impl AgentError {
             AgentError::Approval(_) => ErrorKind::Approval,
             AgentError::HistoryIntegrity(_) => ErrorKind::HistoryIntegrity,
             AgentError::Config(_) => ErrorKind::Config,
+            AgentError::BudgetExceeded(_) | AgentError::LimitExceeded(_) => ErrorKind::Tripwire,
             AgentError::Other(_) => ErrorKind::Other,
         }
     }
 
-    /// The stable code of [`kind`](Self::kind), e.g. `GUARDRAIL_TRIPPED`.
+    /// The stable code of [`kind`](Self::kind), e.g. `GUARDRAIL_TRIPPED`;
+    /// `BUDGET_EXCEEDED` and `LIMIT_EXCEEDED` for those tripwires.
     pub fn code(&self) -> &'static str {
-        self.kind().code()
+        match self {
+            AgentError::BudgetExceeded(_) => "BUDGET_EXCEEDED",
+            AgentError::LimitExceeded(_) => "LIMIT_EXCEEDED",
+            _ => self.kind().code(),
+        }
     }
 
     /// Turns whatever a service or layer failed with into an `AgentError`.
@@ -435,19 +539,23 @@ impl AgentError {
             Ok(provider) => return AgentError::from(*provider),
             Err(err) => err,
         };
-        if let Some(AgentError::Tripwire {
-            middleware,
-            hook,
-            reason,
-            info,
-        }) = find::<AgentError>(err.as_ref())
-        {
-            return AgentError::Tripwire {
-                middleware: middleware.clone(),
-                hook: hook.clone(),
-                reason: reason.clone(),
-                info: info.clone(),
-            };
+        match find::<AgentError>(err.as_ref()) {
+            Some(AgentError::Tripwire {
+                middleware,
+                hook,
+                reason,
+                info,
+            }) => {
+                return AgentError::Tripwire {
+                    middleware: middleware.clone(),
+                    hook: hook.clone(),
+                    reason: reason.clone(),
+                    info: info.clone(),
+                }
+            }
+            Some(AgentError::BudgetExceeded(e)) => return AgentError::BudgetExceeded(e.clone()),
+            Some(AgentError::LimitExceeded(e)) => return AgentError::LimitExceeded(e.clone()),
+            _ => {}
         }
         if let Some(timeout) = find::<AgentError>(err.as_ref()).and_then(AgentError::timeout) {
             return timeout;
@@ -581,6 +689,9 @@ pub fn kind_of(err: &(dyn StdError + 'static)) -> ErrorKind {
         if err.is::<RateLimited>() {
             return ErrorKind::RateLimited;
         }
+        if err.is::<CircuitOpen>() {
+            return ErrorKind::Unavailable;
+        }
         current = err.source();
     }
     ErrorKind::Other
@@ -599,9 +710,48 @@ pub fn retry_after(err: &(dyn StdError + 'static)) -> Option<Duration> {
         if let Some(limited) = err.downcast_ref::<RateLimited>() {
             return Some(limited.retry_after());
         }
+        if let Some(open) = err.downcast_ref::<CircuitOpen>() {
+            return Some(open.retry_after());
+        }
         current = err.source();
     }
     None
+}
+
+/// A nameless [`tripwire`] named after who raised it (`by`, at `hook`);
+/// any other error as it is. The one place a tripwire is attributed: the
+/// lifecycle hooks, the wrap hooks and the run loop (for a tool's own
+/// tripwire) all call it.
+pub(crate) fn attribute_tripwire(err: AgentError, by: &str, hook: &str) -> AgentError {
+    match err {
+        AgentError::Tripwire {
+            middleware,
+            hook: raised_at,
+            reason,
+            info,
+        } if middleware.is_empty() => AgentError::Tripwire {
+            middleware: by.to_owned(),
+            hook: if raised_at.is_empty() {
+                hook.to_owned()
+            } else {
+                raised_at
+            },
+            reason,
+            info,
+        },
+        other => other,
+    }
+}
+
+/// The text of a panic's payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::types::{FinishReason, ModelName, Usage};
+use crate::types::{Cost, FinishReason, ModelName, Usage};
 
 /// Something that happened in a run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -95,6 +95,14 @@ pub enum AgentEvent {
         tool: String,
         /// Whether the model reads an error.
         is_error: bool,
+        /// The error code when the call ended without a result and the run
+        /// fails with that error (`CANCELLED`, `TIMEOUT`,
+        /// `GUARDRAIL_TRIPPED`, …); `None` when the call has its result.
+        error: Option<&'static str>,
+        /// The tool's panic message when it panicked; the model reads only
+        /// that the tool failed (see
+        /// [`AgentBuilder::show_tool_panics`](crate::AgentBuilder::show_tool_panics)).
+        panic: Option<String>,
     },
     /// A decision about a tool call: who made it and what it was.
     ToolDecision {
@@ -194,6 +202,18 @@ pub enum AgentEvent {
         run_id: Arc<str>,
         /// The waiting calls' ids.
         pending: Vec<String>,
+    },
+    /// A model call's usage was priced as it was recorded (the run has a
+    /// price table that knows the model).
+    CostRecorded {
+        /// The run that made the call.
+        run_id: Arc<str>,
+        /// The model that answered.
+        model: String,
+        /// Its usage.
+        usage: Usage,
+        /// Its price.
+        cost: Cost,
     },
     /// A custom entry, from [`RunContext::log_event`](crate::RunContext::log_event).
     Custom {

@@ -1,23 +1,26 @@
-//! [`RunHooks`]: the hook points the run loop calls.
+//! The data the hook points hand around, and the port the run loop calls
+//! them through.
 //!
 //! The [`Agent`](crate::Agent) loop knows nothing of middleware. At each hook
-//! point it asks the [`RunContext`] for the installed `RunHooks` and, when
-//! there are some, calls them; with none installed, a hook point costs one
-//! branch. The lifecycle layer implements this trait over a stack of
-//! middleware and installs it; nested runs inherit it.
+//! point (`before_model`, `before_tool`, ...) it asks its
+//! [`RunContext`] for the hooks installed in the run and, when there are
+//! some, calls them; with none installed, a hook point costs one branch. The
+//! lifecycle adapter ([`lifecycle`](crate::lifecycle)) installs them, and
+//! nested runs inherit them. The port is internal: middleware is written
+//! against [`Middleware`](crate::lifecycle::Middleware), whose hooks carry
+//! the same names.
 //!
-//! Each hook point returns a [`HookFuture`]: a value already there (no
-//! allocation) or a boxed future. A run is closed once, by
-//! [`on_error`](RunHooks::on_error) (when it failed) and
-//! [`end_run`](RunHooks::end_run): by the lifecycle layer that brackets it,
-//! or by the loop for a run nothing brackets (see
-//! [`RunContext::mark_bracketed`]).
-//!
-//! Implement it yourself only to replace the lifecycle adapter.
+//! What is public here is what the hooks see and answer ([`ToolVerdict`],
+//! [`RunOutcome`], [`Compaction`], ...), [`AgentMiddleware`] (the middleware
+//! an [`Agent`](crate::Agent) runs itself), and the questions whatever
+//! compacts or switches models asks the run's hooks:
+//! [`before_compaction`], [`after_compaction`], [`before_model_switch`].
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
@@ -25,8 +28,9 @@ use serde_json::Value;
 
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
-use crate::request::{ModelCall, ToolInvocation, ToolOutput};
-use crate::service::{BoxModel, BoxTool};
+use crate::request::{
+    BoxAgent, BoxModel, BoxTool, ModelCall, RunRequest, ToolInvocation, ToolOutput,
+};
 use crate::types::{AgentRun, ApprovalDecision, History, Message, ModelResponse, ToolCall};
 
 /// The future of a hook point: a value already there, or a boxed future.
@@ -34,46 +38,31 @@ use crate::types::{AgentRun, ApprovalDecision, History, Message, ModelResponse, 
 /// A hook point with nothing to do answers [`HookFuture::ok`], which costs no
 /// allocation; only hooks that really wait are boxed.
 #[must_use = "futures do nothing unless polled"]
-pub struct HookFuture<'a, T> {
-    kind: HookKind<'a, T>,
+pub(crate) struct HookFuture<'a, T> {
+    kind: HookFutureKind<'a, T>,
 }
 
-enum HookKind<'a, T> {
+enum HookFutureKind<'a, T> {
     Ready(Option<Result<T, BoxError>>),
     Boxed(BoxFuture<'a, Result<T, BoxError>>),
 }
 
 impl<'a, T> HookFuture<'a, T> {
-    /// A hook point that is already done with `result`.
-    pub fn ready(result: Result<T, BoxError>) -> Self {
-        Self {
-            kind: HookKind::Ready(Some(result)),
-        }
-    }
-
     /// A hook point that is already done with `value`.
-    pub fn ok(value: T) -> Self {
-        Self::ready(Ok(value))
+    pub(crate) fn ok(value: T) -> Self {
+        Self {
+            kind: HookFutureKind::Ready(Some(Ok(value))),
+        }
     }
 
     /// A hook point that waits for `future`.
-    pub fn new<F>(future: F) -> Self
+    pub(crate) fn new<F>(future: F) -> Self
     where
         F: Future<Output = Result<T, BoxError>> + Send + 'a,
     {
-        Self::boxed(Box::pin(future))
-    }
-
-    /// A hook point that waits for an already boxed future.
-    pub fn boxed(future: BoxFuture<'a, Result<T, BoxError>>) -> Self {
         Self {
-            kind: HookKind::Boxed(future),
+            kind: HookFutureKind::Boxed(Box::pin(future)),
         }
-    }
-
-    /// Whether the value is already there (nothing was boxed).
-    pub fn is_ready(&self) -> bool {
-        matches!(self.kind, HookKind::Ready(_))
     }
 }
 
@@ -85,29 +74,15 @@ impl<T> Future for HookFuture<'_, T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.get_mut().kind {
-            HookKind::Ready(value) => {
+            HookFutureKind::Ready(value) => {
                 Poll::Ready(value.take().expect("HookFuture polled after completion"))
             }
-            HookKind::Boxed(future) => future.as_mut().poll(cx),
+            HookFutureKind::Boxed(future) => future.as_mut().poll(cx),
         }
     }
 }
 
-impl<T> fmt::Debug for HookFuture<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HookFuture")
-            .field("ready", &self.is_ready())
-            .finish()
-    }
-}
-
-impl<'a, T> From<BoxFuture<'a, Result<T, BoxError>>> for HookFuture<'a, T> {
-    fn from(future: BoxFuture<'a, Result<T, BoxError>>) -> Self {
-        Self::boxed(future)
-    }
-}
-
-/// How a run starts, as [`RunHooks::start_run`] sees it.
+/// How a run starts, as `before_agent` sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunStart {
     /// A resumed run (from a checkpoint).
@@ -190,7 +165,7 @@ impl ToolVerdict {
 }
 
 /// A decision about a call that asks for approval, and who made it: what
-/// [`RunHooks::decide_approval`] returns.
+/// the `decide_approval` hook point answers, with who decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApprovalVerdict {
     /// The decision, bound to the call's id and arguments.
@@ -280,23 +255,25 @@ pub enum Notification {
     },
 }
 
-/// The hook points of a run. See the [module docs](self).
-///
-/// Each method returns a boxed future; the run calls them only when hooks are
-/// installed.
-pub trait RunHooks: Send + Sync + 'static {
+/// The hook points of a run, as the loop calls them: the same names as
+/// [`Middleware`](crate::lifecycle::Middleware)'s hooks. The lifecycle
+/// adapter implements it over the run's middleware and installs it in the
+/// run's context.
+pub(crate) trait HookPort: Send + Sync + 'static {
     /// Whether the run must hold each turn's streamed text until
     /// `after_model` ran, then send the final text in one piece.
     fn holds_stream(&self) -> bool;
 
-    /// A run starts, new or resumed, before its first model call. Returns
-    /// texts to add after the system prompt, for this run only.
-    fn start_run<'a>(&'a self, ctx: &'a RunContext, start: RunStart)
-        -> HookFuture<'a, Vec<String>>;
+    /// A run starts, new or resumed. Returns texts to add after the system
+    /// prompt, for this run only.
+    fn before_agent<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        start: RunStart,
+    ) -> HookFuture<'a, Vec<String>>;
 
-    /// A new run's input, before any model call: the input guard. `messages`
-    /// are what the first turn starts from (system prompt and history).
-    /// Returns texts to add after the input, kept in the transcript.
+    /// A new run's input, before any model call. Returns texts to add after
+    /// the input, kept in the transcript.
     fn before_run<'a>(
         &'a self,
         ctx: &'a RunContext,
@@ -304,18 +281,17 @@ pub trait RunHooks: Send + Sync + 'static {
         messages: &'a [Message],
     ) -> HookFuture<'a, Vec<String>>;
 
-    /// Before each model turn; may change the messages from then on.
+    /// Before each model turn.
     fn before_model<'a>(
         &'a self,
         ctx: &'a RunContext,
         messages: &'a mut History,
     ) -> HookFuture<'a, ()>;
 
-    /// Around each model call: the wrap middleware, ending in `next`.
-    fn call_model<'a>(&'a self, call: ModelCall, next: BoxModel) -> HookFuture<'a, ModelResponse>;
+    /// Around each model call, ending in `next`.
+    fn wrap_model(&self, call: ModelCall, next: BoxModel) -> HookFuture<'_, ModelResponse>;
 
-    /// After each answer, before the run uses it; may change its content or
-    /// its tool calls.
+    /// After each answer, before the run uses it.
     fn after_model<'a>(
         &'a self,
         ctx: &'a RunContext,
@@ -330,23 +306,17 @@ pub trait RunHooks: Send + Sync + 'static {
         resumed: bool,
     ) -> HookFuture<'a, ToolVerdict>;
 
-    /// A call asks for approval: `Some` decides it (and names who did),
-    /// `None` leaves it to the agent's approver.
+    /// A call asks for approval: `Some` decides it.
     fn decide_approval<'a>(
         &'a self,
         ctx: &'a RunContext,
         call: &'a ToolCall,
     ) -> HookFuture<'a, Option<ApprovalVerdict>>;
 
-    /// Around each tool call that passed approval: the wrap middleware,
-    /// ending in `next`.
-    fn call_tool<'a>(
-        &'a self,
-        invocation: ToolInvocation,
-        next: BoxTool,
-    ) -> HookFuture<'a, ToolOutput>;
+    /// Around each tool call that passed approval, ending in `next`.
+    fn wrap_tool(&self, invocation: ToolInvocation, next: BoxTool) -> HookFuture<'_, ToolOutput>;
 
-    /// After each tool call; may change the result.
+    /// After each tool call.
     fn after_tool<'a>(
         &'a self,
         ctx: &'a RunContext,
@@ -354,16 +324,14 @@ pub trait RunHooks: Send + Sync + 'static {
         output: &'a mut ToolOutput,
     ) -> HookFuture<'a, ()>;
 
-    /// Every call of a step has its result, before the next model call.
+    /// Every call of a step has its result.
     fn after_tool_batch<'a>(
         &'a self,
         ctx: &'a RunContext,
         results: &'a [ToolCallResult],
     ) -> HookFuture<'a, ()>;
 
-    /// The agent would stop with `output`. `Some(text)` keeps it going with
-    /// `text` as a user message. `continuations` counts how often in a row
-    /// that happened.
+    /// The agent would stop with `output`: `Some(text)` keeps it going.
     fn before_stop<'a>(
         &'a self,
         ctx: &'a RunContext,
@@ -379,47 +347,147 @@ pub trait RunHooks: Send + Sync + 'static {
         to: &'a str,
     ) -> HookFuture<'a, bool>;
 
-    /// Tells the hooks something a person should know.
+    /// Something a person should know.
     fn on_notification<'a>(
         &'a self,
         ctx: &'a RunContext,
         notification: &'a Notification,
     ) -> HookFuture<'a, ()>;
 
-    /// The run failed with `error`; called before [`end_run`](Self::end_run).
-    /// Errors are ignored: they cannot replace the run's error.
-    fn on_error<'a>(&'a self, ctx: &'a RunContext, error: &'a AgentError) -> HookFuture<'a, ()> {
-        let _ = (ctx, error);
-        HookFuture::ok(())
-    }
+    /// The run failed; called before `after_agent`. Errors are ignored.
+    fn on_error<'a>(&'a self, ctx: &'a RunContext, error: &'a AgentError) -> HookFuture<'a, ()>;
 
     /// The run ended. Called once per run, by the lifecycle layer that
     /// brackets it or, for a run nothing brackets (a nested run that
-    /// inherited its parent's hooks), by the run loop. Errors are logged, the
-    /// caller keeps the run's result.
-    fn end_run<'a>(&'a self, ctx: &'a RunContext, outcome: RunOutcome<'a>) -> HookFuture<'a, ()> {
-        let _ = (ctx, outcome);
-        HookFuture::ok(())
-    }
+    /// inherited its parent's hooks), by the run loop.
+    fn after_agent<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        outcome: RunOutcome<'a>,
+    ) -> HookFuture<'a, ()>;
 
-    /// A compaction of `messages` is about to run; `false` skips it. Called
-    /// by whatever compacts (a middleware or a layer), not by the loop.
+    /// A compaction of `messages` is about to run; `false` skips it.
     fn before_compaction<'a>(
         &'a self,
         ctx: &'a RunContext,
         messages: &'a History,
-    ) -> HookFuture<'a, bool> {
-        let _ = (ctx, messages);
-        HookFuture::ok(true)
-    }
+    ) -> HookFuture<'a, bool>;
 
     /// A compaction ran.
     fn after_compaction<'a>(
         &'a self,
         ctx: &'a RunContext,
         compaction: &'a Compaction,
-    ) -> HookFuture<'a, ()> {
-        let _ = (ctx, compaction);
-        HookFuture::ok(())
+    ) -> HookFuture<'a, ()>;
+}
+
+/// The hooks installed in `ctx`'s run (by a lifecycle layer, or inherited
+/// from the run it is nested in), if any.
+pub(crate) fn installed(ctx: &RunContext) -> Option<Arc<dyn HookPort>> {
+    let slot = ctx.port_slot()?;
+    slot.downcast_ref::<Installed>().map(|i| i.0.clone())
+}
+
+/// Installs `hooks` into `ctx`'s run, replacing any.
+pub(crate) fn install(ctx: &RunContext, hooks: Arc<dyn HookPort>) {
+    ctx.set_port_slot(Arc::new(Installed(hooks)));
+}
+
+/// What the context's port slot holds.
+struct Installed(Arc<dyn HookPort>);
+
+/// Asks the run's hooks whether a compaction of `messages` may run:
+/// `false` skips it. With no hooks installed, `true`. Whatever compacts (a
+/// middleware or a layer) asks, and tells [`after_compaction`] once it did.
+///
+/// # Errors
+///
+/// A hook's error (a [`tripwire`](crate::tripwire) among them).
+pub async fn before_compaction(ctx: &RunContext, messages: &History) -> Result<bool, BoxError> {
+    match installed(ctx) {
+        Some(hooks) => hooks.before_compaction(ctx, messages).await,
+        None => Ok(true),
     }
+}
+
+/// Tells the run's hooks that a compaction ran.
+///
+/// # Errors
+///
+/// A hook's error.
+pub async fn after_compaction(ctx: &RunContext, compaction: &Compaction) -> Result<(), BoxError> {
+    match installed(ctx) {
+        Some(hooks) => hooks.after_compaction(ctx, compaction).await,
+        None => Ok(()),
+    }
+}
+
+/// Asks the run's hooks whether the run may move from model `from` to model
+/// `to` (a fallback would): `false` blocks it. With no hooks installed,
+/// `true`.
+///
+/// # Errors
+///
+/// A hook's error.
+pub async fn before_model_switch(ctx: &RunContext, from: &str, to: &str) -> Result<bool, BoxError> {
+    match installed(ctx) {
+        Some(hooks) => hooks.before_model_switch(ctx, from, to).await,
+        None => Ok(true),
+    }
+}
+
+/// Middleware an [`Agent`](crate::Agent) runs in each of its runs, set with
+/// [`AgentBuilder::middleware`](crate::AgentBuilder::middleware).
+///
+/// Made from a [`Middleware`](crate::lifecycle::Middleware) or a
+/// [`MiddlewareStack`](crate::lifecycle::MiddlewareStack) with `From`. The
+/// agent brackets each run with it exactly as a
+/// [`LifecycleLayer`](crate::lifecycle::LifecycleLayer) around it would, so
+/// the agent keeps its own `run` and `run_with`.
+///
+/// # Clone
+///
+/// Cheap: the middleware are shared.
+#[derive(Clone)]
+pub struct AgentMiddleware(pub(crate) Arc<dyn RunBracket>);
+
+impl AgentMiddleware {
+    /// These middleware, then `inner`'s inside them.
+    pub fn then(self, inner: AgentMiddleware) -> AgentMiddleware {
+        self.0.then(&inner)
+    }
+
+    /// Runs `request` on `run`, bracketed by these middleware.
+    pub(crate) fn run(
+        &self,
+        request: RunRequest,
+        run: BoxAgent,
+    ) -> BoxFuture<'static, Result<AgentRun, AgentError>> {
+        self.0.run(request, run)
+    }
+}
+
+impl fmt::Debug for AgentMiddleware {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt_names(f)
+    }
+}
+
+/// What the lifecycle adapter implements for [`AgentMiddleware`].
+pub(crate) trait RunBracket: Send + Sync + 'static {
+    /// Runs `request` on `run`, bracketed.
+    fn run(
+        &self,
+        request: RunRequest,
+        run: BoxAgent,
+    ) -> BoxFuture<'static, Result<AgentRun, AgentError>>;
+
+    /// These, then `inner`'s inside them.
+    fn then(&self, inner: &AgentMiddleware) -> AgentMiddleware;
+
+    /// The concrete value, for `then`.
+    fn as_any(&self) -> &dyn Any;
+
+    /// The names, for `Debug`.
+    fn fmt_names(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
 }

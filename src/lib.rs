@@ -11,11 +11,17 @@ pub mod future;
 pub mod hooks;
 pub mod layers;
 pub mod lifecycle;
+pub mod prelude;
 pub mod request;
 pub mod service;
 pub mod stores;
 pub mod tokens;
 pub mod types;
+
+#[cfg(feature = "mcp")]
+pub mod mcp;
+#[cfg(feature = "server")]
+pub mod serve;
 
 pub use context::RunContext;
 pub use error::{
@@ -26,8 +32,8 @@ pub use lifecycle::{
 };
 pub use request::{DeltaSink, ModelCall, RunInput, RunRequest, ToolInvocation, ToolOutput};
 pub use service::{
-    tool_fn, tool_fn_ctx, tool_sync, Agent, AgentBuilder, AgentTool, BoxAgent, BoxModel, BoxTool,
-    FnTool, ScriptedModel, ScriptedTurn, ToolDef, ToolRouter,
+    tool_fn, tool_fn_ctx, tool_sync, Agent, AgentBuilder, AgentExt, AgentTool, BoxAgent, BoxModel,
+    BoxTool, FnTool, ScriptedModel, ScriptedTurn, ToolDef, ToolRouter,
 };
 #[cfg(feature = "openai")]
 pub use service::{AnthropicMessages, OpenAiChat};

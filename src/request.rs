@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::context::RunContext;
-use crate::error::TimeoutSource;
+use crate::error::{AgentError, BoxError, ErrorKind, TimeoutSource};
 use crate::types::{
     ApprovalDecision, Checkpoint, History, Message, ModelDelta, ModelRequest, ToolCall,
 };
@@ -296,5 +296,66 @@ impl RunRequest {
     pub fn stream(mut self, sink: DeltaSink) -> Self {
         self.stream = Some(sink);
         self
+    }
+}
+
+/// A type-erased, cloneable, `Sync` model service.
+pub type BoxModel =
+    tower::util::BoxCloneSyncService<ModelCall, crate::types::ModelResponse, BoxError>;
+
+/// A type-erased, cloneable, `Sync` tool service.
+pub type BoxTool = tower::util::BoxCloneSyncService<ToolInvocation, ToolOutput, BoxError>;
+
+/// A type-erased, cloneable, `Sync` run service (an agent, layered or not).
+pub type BoxAgent = tower::util::BoxCloneSyncService<RunRequest, crate::types::AgentRun, BoxError>;
+
+/// Erases a model service's type.
+pub fn box_model<S>(service: S) -> BoxModel
+where
+    S: tower::Service<ModelCall, Response = crate::types::ModelResponse>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    use tower::ServiceExt;
+    tower::util::BoxCloneSyncService::new(service.map_err(Into::into))
+}
+
+/// Erases a tool service's type.
+pub fn box_tool<S>(service: S) -> BoxTool
+where
+    S: tower::Service<ToolInvocation, Response = ToolOutput> + Clone + Send + Sync + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    use tower::ServiceExt;
+    tower::util::BoxCloneSyncService::new(service.map_err(Into::into))
+}
+
+/// What a failed tool call becomes: the error result the model reads, or,
+/// for the errors that end the run, the run's error.
+///
+/// The one place this rule lives. A tripwire, a cancellation, a
+/// mismatched approval and a broken history end the run. A middleware's
+/// error ends it too when a hook of this run (or of a run it is nested in)
+/// raised it; a nested run's own middleware failing only failed that nested
+/// run, which its parent's model reads as a failed tool call.
+pub(crate) fn tool_failure(
+    ctx: &RunContext,
+    tool: &str,
+    err: AgentError,
+) -> Result<ToolOutput, AgentError> {
+    match err.kind() {
+        ErrorKind::Tripwire
+        | ErrorKind::Cancelled
+        | ErrorKind::Approval
+        | ErrorKind::HistoryIntegrity => Err(err),
+        ErrorKind::Middleware if ctx.hook_failed_here() => Err(err),
+        _ => Ok(ToolOutput::error(format!(
+            "The tool `{tool}` failed: {err}"
+        ))),
     }
 }

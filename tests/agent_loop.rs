@@ -419,3 +419,19 @@ async fn a_thread_continues_from_the_previous_transcript() {
     assert_eq!(second.messages[1].text(), "one");
     assert_eq!(second.output, "second");
 }
+
+#[test]
+fn a_zero_latency_model_sets_no_timer() {
+    // A runtime without a timer: any sleep, even of zero, would panic.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let model = ScriptedModel::from_fn(|_| ScriptedTurn::text("ok").delay(Duration::ZERO))
+        .latency(Duration::ZERO);
+    let agent = Agent::builder("a").model(model).build().unwrap();
+    runtime.block_on(async {
+        for _ in 0..3 {
+            assert_eq!(agent.run("hi").await.unwrap().output, "ok");
+        }
+    });
+}

@@ -13,7 +13,7 @@ use tower_agent::event::{AgentEvent, CollectingSink};
 use tower_agent::layers::fallback::error::FallbackExhausted;
 use tower_agent::layers::fallback::{Fallback, FallbackLayer, Target};
 use tower_agent::layers::retry::{Backoff, Jitter, LlmRetryLayer, RetryBudget};
-use tower_agent::lifecycle::{Hook, HookSet, LifecycleLayer, Middleware, MiddlewareStack};
+use tower_agent::lifecycle::{Hook, LifecycleLayer, Middleware, MiddlewareStack};
 use tower_agent::types::{Message, ModelDelta, ModelRequest, ModelResponse, Usage};
 use tower_agent::{
     tool_sync, Agent, AgentError, BoxError, DeltaSink, ErrorKind, ModelCall, ProviderError,
@@ -255,10 +255,6 @@ impl SwitchGate {
 impl Middleware for SwitchGate {
     fn name(&self) -> &str {
         "switch-gate"
-    }
-
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_MODEL_SWITCH
     }
 
     fn before_model_switch<'a>(

@@ -13,9 +13,7 @@ use tower_agent::lifecycle::builtin::{
     trim_messages, ContextCompressionMiddleware, MessageTrimMiddleware, PromptCacheGuardMiddleware,
     SummarizationPolicy, TrimStrategy, UsageAccountingMiddleware,
 };
-use tower_agent::lifecycle::{
-    Hook, HookSet, Middleware, MiddlewareStack, ModelMiddleware, ModelNext,
-};
+use tower_agent::lifecycle::{Hook, Middleware, MiddlewareStack, ModelMiddleware, ModelNext};
 use tower_agent::types::{History, Message, ModelResponse, Role, ToolCall};
 use tower_agent::{
     Agent, BoxError, ModelCall, RunContext, RunRequest, ScriptedModel, ScriptedTurn, Usage,
@@ -128,9 +126,6 @@ impl Middleware for CompactionWatch {
     fn name(&self) -> &str {
         "watch"
     }
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_COMPACTION | HookSet::AFTER_COMPACTION
-    }
     fn before_compaction<'a>(&'a self, _: &'a RunContext, messages: &'a History) -> Hook<'a, bool> {
         Hook::ok(messages.len() >= 8)
     }
@@ -214,9 +209,6 @@ impl Middleware for Clock {
     fn name(&self) -> &str {
         "clock"
     }
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_MODEL
-    }
     fn before_model<'a>(&'a self, ctx: &'a RunContext, messages: &'a mut History) -> Hook<'a, ()> {
         let stamped = format!("You look things up. Turn {}.", ctx.iteration());
         messages.to_mut()[0].set_text(stamped);
@@ -230,9 +222,6 @@ struct Reminder;
 impl Middleware for Reminder {
     fn name(&self) -> &str {
         "reminder"
-    }
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_MODEL
     }
     fn before_model<'a>(&'a self, _: &'a RunContext, messages: &'a mut History) -> Hook<'a, ()> {
         messages.push(Message::user("Be quick."));

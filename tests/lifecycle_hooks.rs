@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use lifecycle_support::{lookup_tools, run_with};
 use tower_agent::hooks::{Notification, RunStart, ToolCallResult};
-use tower_agent::lifecycle::{Hook, HookSet, Middleware, MiddlewareStack};
+use tower_agent::lifecycle::{Hook, Middleware, MiddlewareStack};
 use tower_agent::types::{
     ApprovalDecision, History, Message, ModelResponse, Role, RunStatus, ToolCall,
 };
@@ -46,9 +46,6 @@ struct Context;
 impl Middleware for Context {
     fn name(&self) -> &str {
         "context"
-    }
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_AGENT | HookSet::BEFORE_RUN
     }
     fn before_agent<'a>(&'a self, _: &'a RunContext, start: RunStart) -> Hook<'a, Option<String>> {
         Hook::ok(Some(format!("started, resumed={}", start.resumed)))
@@ -109,9 +106,6 @@ impl Middleware for Trim {
     fn name(&self) -> &str {
         "trim"
     }
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_MODEL
-    }
     fn before_model<'a>(&'a self, _: &'a RunContext, messages: &'a mut History) -> Hook<'a, ()> {
         if self.break_integrity {
             // Drops the tool results but keeps the calls: a provider's 400.
@@ -161,9 +155,6 @@ struct Rewriter;
 impl Middleware for Rewriter {
     fn name(&self) -> &str {
         "rewriter"
-    }
-    fn hooks(&self) -> HookSet {
-        HookSet::AFTER_MODEL | HookSet::AFTER_TOOL
     }
     fn after_model<'a>(
         &'a self,
@@ -227,9 +218,6 @@ struct Batch {
 impl Middleware for Batch {
     fn name(&self) -> &str {
         "batch"
-    }
-    fn hooks(&self) -> HookSet {
-        HookSet::AFTER_TOOL_BATCH
     }
     fn after_tool_batch<'a>(
         &'a self,
@@ -299,9 +287,6 @@ impl Middleware for KeepGoing {
     fn name(&self) -> &str {
         "keep-going"
     }
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_STOP
-    }
     fn before_stop<'a>(
         &'a self,
         _: &'a RunContext,
@@ -369,9 +354,6 @@ impl Middleware for Notified {
     fn name(&self) -> &str {
         "pager"
     }
-    fn hooks(&self) -> HookSet {
-        HookSet::ON_NOTIFICATION
-    }
     fn on_notification<'a>(&'a self, _: &'a RunContext, n: &'a Notification) -> Hook<'a, ()> {
         if let Notification::ApprovalRequested { call } = n {
             self.0.lock().unwrap().push(call.name.clone());
@@ -416,9 +398,6 @@ async fn an_error_in_a_hook_fails_the_run_as_a_middleware_error() {
     impl Middleware for Broken {
         fn name(&self) -> &str {
             "broken"
-        }
-        fn hooks(&self) -> HookSet {
-            HookSet::BEFORE_MODEL
         }
         fn before_model<'a>(&'a self, _: &'a RunContext, _: &'a mut History) -> Hook<'a, ()> {
             Hook::new(async { Err("disk full".into()) })

@@ -9,9 +9,7 @@ use lifecycle_support::{observed, Lookup};
 use tower::{Layer, ServiceExt};
 use tower_agent::event::AgentEvent;
 use tower_agent::hooks::{Notification, ToolDecision, ToolVerdict};
-use tower_agent::lifecycle::{
-    Hook, HookSet, LifecycleLayer, Middleware, MiddlewareStack, RunRequestExt,
-};
+use tower_agent::lifecycle::{Hook, LifecycleLayer, Middleware, MiddlewareStack, RunRequestExt};
 use tower_agent::types::{ApprovalDecision, Checkpoint, Role, ToolCall};
 use tower_agent::{
     tool_sync, Agent, AgentRun, BoxError, RunContext, RunRequest, ScriptedModel, ScriptedTurn,
@@ -28,10 +26,6 @@ struct Deferrer {
 impl Middleware for Deferrer {
     fn name(&self) -> &str {
         "deferrer"
-    }
-
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_TOOL | HookSet::ON_NOTIFICATION
     }
 
     fn before_tool<'a>(

@@ -10,7 +10,7 @@ use serde_json::json;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_agent::hooks::Compaction;
 use tower_agent::lifecycle::{
-    from_fn, Hook, HookSet, Middleware, MiddlewareStack, ModelMiddleware, ModelNext, ToolNext,
+    from_fn, Hook, Middleware, MiddlewareStack, ModelMiddleware, ModelNext, ToolNext,
     WrapModelLayer,
 };
 use tower_agent::types::{
@@ -47,9 +47,6 @@ struct Redact {
 impl Middleware for Redact {
     fn name(&self) -> &str {
         "redact"
-    }
-    fn hooks(&self) -> HookSet {
-        HookSet::AFTER_MODEL
     }
     fn holds_stream(&self) -> bool {
         self.hold
@@ -164,9 +161,6 @@ impl Middleware for StreamGuard {
     fn name(&self) -> &str {
         "stream-guard"
     }
-    fn hooks(&self) -> HookSet {
-        HookSet::ON_MODEL_DELTA
-    }
     fn on_model_delta(&self, _: &RunContext, delta: &mut ModelDelta) -> Result<(), BoxError> {
         if let ModelDelta::Text { text } = delta {
             if text.contains("secret") {
@@ -228,9 +222,6 @@ struct Progress(Arc<Mutex<Vec<String>>>);
 impl Middleware for Progress {
     fn name(&self) -> &str {
         "progress"
-    }
-    fn hooks(&self) -> HookSet {
-        HookSet::ON_TOOL_DELTA
     }
     fn on_tool_delta(
         &self,
@@ -338,9 +329,6 @@ impl Middleware for Pin {
     fn name(&self) -> &str {
         "pin"
     }
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_MODEL_SWITCH | HookSet::BEFORE_COMPACTION | HookSet::AFTER_COMPACTION
-    }
     fn before_model_switch<'a>(
         &'a self,
         _: &'a RunContext,
@@ -365,12 +353,10 @@ async fn model_switch_and_compaction_hooks_answer_whoever_asks() {
     let model = ServiceBuilder::new()
         .layer(from_fn(|call: ModelCall, next: ModelNext| async move {
             let ctx = call.context.clone();
-            let hooks = ctx.hooks().expect("the lifecycle layer installed hooks");
-            let cheap = hooks.before_model_switch(&ctx, "main", "cheap").await?;
-            let expensive = hooks.before_model_switch(&ctx, "main", "expensive").await?;
-            let compact = hooks
-                .before_compaction(&ctx, &call.request.messages)
-                .await?;
+            use tower_agent::hooks::{before_compaction, before_model_switch};
+            let cheap = before_model_switch(&ctx, "main", "cheap").await?;
+            let expensive = before_model_switch(&ctx, "main", "expensive").await?;
+            let compact = before_compaction(&ctx, &call.request.messages).await?;
             let mut response = next.run(call).await?;
             response.message.set_text(format!(
                 "cheap={cheap} expensive={expensive} compact={compact}"

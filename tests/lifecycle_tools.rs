@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 use tower_agent::event::AgentEvent;
 use tower_agent::hooks::{ToolDecision, ToolVerdict};
 use tower_agent::lifecycle::{
-    decision_rank, merge_verdicts, Hook, HookSet, Middleware, MiddlewareStack, Runtime,
-    ToolMiddleware, ToolNext,
+    decision_rank, merge_verdicts, Hook, Middleware, MiddlewareStack, Runtime, ToolMiddleware,
+    ToolNext,
 };
 use tower_agent::types::{ApprovalDecision, Role, ToolCall};
 use tower_agent::{
@@ -82,10 +82,6 @@ struct Decider {
 impl Middleware for Decider {
     fn name(&self) -> &str {
         &self.name
-    }
-
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_TOOL
     }
 
     fn before_tool<'a>(
@@ -325,10 +321,6 @@ struct Approver {
 impl Middleware for Approver {
     fn name(&self) -> &str {
         self.name
-    }
-
-    fn hooks(&self) -> HookSet {
-        HookSet::DECIDE_APPROVAL
     }
 
     fn decide_approval<'a>(

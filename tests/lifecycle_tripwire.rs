@@ -7,7 +7,7 @@ use lifecycle_support::{lookup_tools, run_with, Act, Log, Lookup, Recorder};
 use serde_json::json;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_agent::lifecycle::{
-    from_fn, Hook, HookPoint, HookSet, LifecycleLayer, Middleware, MiddlewareStack, ModelNext,
+    from_fn, Hook, HookPoint, LifecycleLayer, Middleware, MiddlewareStack, ModelNext,
 };
 use tower_agent::types::{History, Role};
 use tower_agent::{
@@ -83,9 +83,6 @@ async fn a_tripwire_stops_the_run_where_it_is_and_keeps_its_info() {
         fn name(&self) -> &str {
             "budget"
         }
-        fn hooks(&self) -> HookSet {
-            HookSet::BEFORE_MODEL
-        }
         fn before_model<'a>(&'a self, ctx: &'a RunContext, _: &'a mut History) -> Hook<'a, ()> {
             if ctx.iteration() == 2 {
                 return Hook::err(tripwire_with("over budget", json!({"limit": 1})));
@@ -120,9 +117,6 @@ struct DepthGuard(usize);
 impl Middleware for DepthGuard {
     fn name(&self) -> &str {
         "depth-guard"
-    }
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_MODEL
     }
     fn before_model<'a>(&'a self, ctx: &'a RunContext, _: &'a mut History) -> Hook<'a, ()> {
         if ctx.depth() == self.0 {

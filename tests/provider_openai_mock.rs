@@ -34,7 +34,7 @@ use tower_agent::event::{AgentEvent, CollectingSink};
 use tower_agent::layers::fallback::FallbackLayer;
 use tower_agent::layers::retry::{Backoff, Jitter, RetryPolicy};
 use tower_agent::layers::ServiceBuilderExt;
-use tower_agent::lifecycle::{HookSet, LifecycleLayer, Middleware, MiddlewareStack};
+use tower_agent::lifecycle::{LifecycleLayer, Middleware, MiddlewareStack};
 use tower_agent::service::openai::{BrokenResponse, OpenAiChat};
 use tower_agent::service::{box_model, BoxModel};
 use tower_agent::types::{Message, ModelDelta, Role, Usage};
@@ -458,10 +458,6 @@ struct HoldStream;
 impl Middleware for HoldStream {
     fn name(&self) -> &str {
         "hold-stream"
-    }
-
-    fn hooks(&self) -> HookSet {
-        HookSet::AFTER_MODEL
     }
 
     fn holds_stream(&self) -> bool {

@@ -6,6 +6,7 @@ use tower::layer::util::Stack;
 use tower::ServiceBuilder;
 
 use super::cache::CacheLayer;
+use super::circuit_breaker::CircuitBreakerLayer;
 use super::fallback::FallbackLayer;
 use super::pii::MaskPiiLayer;
 use super::rate_limit::ModelRateLimitLayer;
@@ -80,6 +81,13 @@ pub trait ServiceBuilderExt<L>: sealed::Sealed + Sized {
     /// Masks PII in what the model reads and restores it in what it writes:
     /// [`MaskPiiLayer`]. Put it last (innermost).
     fn mask_pii(self, layer: MaskPiiLayer) -> ServiceBuilder<Stack<MaskPiiLayer, L>>;
+
+    /// Refuses calls at once to a model whose provider keeps failing:
+    /// [`CircuitBreakerLayer`]. Put it inside the fallback.
+    fn circuit_breaker(
+        self,
+        layer: CircuitBreakerLayer,
+    ) -> ServiceBuilder<Stack<CircuitBreakerLayer, L>>;
 }
 
 impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
@@ -119,6 +127,13 @@ impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
     }
 
     fn mask_pii(self, layer: MaskPiiLayer) -> ServiceBuilder<Stack<MaskPiiLayer, L>> {
+        self.layer(layer)
+    }
+
+    fn circuit_breaker(
+        self,
+        layer: CircuitBreakerLayer,
+    ) -> ServiceBuilder<Stack<CircuitBreakerLayer, L>> {
         self.layer(layer)
     }
 }

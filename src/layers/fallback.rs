@@ -14,7 +14,7 @@
 //! fallback runs again for each model, since the fallback wraps the services.
 //!
 //! Each switch:
-//! - asks the run's hooks first ([`RunHooks::before_model_switch`]); a
+//! - asks the run's hooks first ([`before_model_switch`](crate::hooks::before_model_switch)); a
 //!   `false` blocks it and the call fails with the last error;
 //! - withdraws from the [`RetryBudget`], if one is given (the same handle as
 //!   the retry layer's, so retry and fallback draw on one pool); an empty
@@ -56,7 +56,6 @@
 //! # Ok(()) }
 //! ```
 //!
-//! [`RunHooks::before_model_switch`]: crate::hooks::RunHooks::before_model_switch
 //! [`AgentEvent::FallbackUsed`]: crate::event::AgentEvent::FallbackUsed
 
 use std::sync::Arc;
@@ -314,11 +313,9 @@ where
             }
             let next_model = target.model.as_ref().unwrap_or(&call.request.model);
             let (from, to) = (label(&sent), label(next_model));
-            if let Some(hooks) = ctx.hooks() {
-                if !hooks.before_model_switch(&ctx, &from, &to).await? {
-                    tracing::debug!(%from, %to, "a hook blocked the model switch");
-                    return Err(err);
-                }
+            if !crate::hooks::before_model_switch(&ctx, &from, &to).await? {
+                tracing::debug!(%from, %to, "a hook blocked the model switch");
+                return Err(err);
             }
             if budget.as_ref().is_some_and(|b| !b.withdraw()) {
                 tracing::debug!(%from, %to, "the retry budget is spent: no fallback");

@@ -58,8 +58,10 @@
 //! # Ok(()) }
 //! ```
 
+pub mod budget;
 mod builder_ext;
 pub mod cache;
+pub mod circuit_breaker;
 pub mod fallback;
 pub mod pii;
 pub mod rate_limit;

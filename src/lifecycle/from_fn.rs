@@ -1,4 +1,5 @@
-//! [`from_fn`]: a wrap middleware from an async closure, as a tower layer.
+//! [`from_fn`]: a wrap middleware from an async closure, as a tower layer
+//! or as an entry of a [`MiddlewareStack`](super::MiddlewareStack).
 
 use std::fmt;
 use std::future::Future;
@@ -8,13 +9,25 @@ use std::task::{Context, Poll};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceExt};
 
-use super::future::ResponseFuture;
-use super::wrap::{guarded, Next, WrapRequest};
+use futures::future::BoxFuture;
+
+use super::next::guarded;
+use super::wrap::WrapRequest;
+use super::{ModelMiddleware, ModelNext, Next, ResponseFuture, ToolMiddleware, ToolNext};
 use crate::error::BoxError;
+use crate::request::{ModelCall, ToolInvocation, ToolOutput};
+use crate::types::ModelResponse;
 
 /// A wrap middleware from an async function of the call and [`Next`], in
-/// axum's style: the result is a real tower [`Layer`], over model services
-/// (`ModelCall`) or tool services (`ToolInvocation`) alike.
+/// axum's style, with one meaning at two depths:
+///
+/// - as a tower [`Layer`] over a model service (`ModelCall`) or a tool
+///   service (`ToolInvocation`), it sees the calls of that service only;
+/// - pushed onto a [`MiddlewareStack`](super::MiddlewareStack)
+///   ([`push_model`](super::MiddlewareStack::push_model),
+///   [`push_tool`](super::MiddlewareStack::push_tool)), it is one of the
+///   run's wrap hooks: it also sees the calls of nested runs (sub-agents),
+///   in its place in the onion.
 ///
 /// `next` is the rest of the stack, made ready: call
 /// [`next.run(call)`](Next::run) once to proceed, never to answer yourself,
@@ -43,6 +56,22 @@ use crate::error::BoxError;
 /// let response = model.oneshot(call).await.unwrap();
 /// assert_eq!(response.message.text(), "HELLO");
 /// # }
+/// ```
+///
+/// On a stack:
+///
+/// ```
+/// use tower_agent::lifecycle::{from_fn, MiddlewareStack, ModelNext};
+/// use tower_agent::ModelCall;
+///
+/// let stack = MiddlewareStack::new().push_model(
+///     from_fn(|mut call: ModelCall, next: ModelNext| async move {
+///         call.request.settings.temperature = Some(0.0);
+///         next.run(call).await
+///     })
+///     .name("deterministic"),
+/// );
+/// assert_eq!(stack.names().collect::<Vec<_>>(), ["deterministic"]);
 /// ```
 pub fn from_fn<F>(f: F) -> FromFnLayer<F> {
     FromFnLayer {
@@ -159,5 +188,45 @@ where
             })
             .await
         })
+    }
+}
+
+impl<F, Fut, E> ModelMiddleware for FromFnLayer<F>
+where
+    F: Fn(ModelCall, ModelNext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<ModelResponse, E>> + Send + 'static,
+    E: Into<BoxError>,
+{
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn wrap_model<'a>(
+        &'a self,
+        call: ModelCall,
+        next: ModelNext,
+    ) -> BoxFuture<'a, Result<ModelResponse, BoxError>> {
+        let fut = (self.f)(call, next);
+        Box::pin(async move { fut.await.map_err(Into::into) })
+    }
+}
+
+impl<F, Fut, E> ToolMiddleware for FromFnLayer<F>
+where
+    F: Fn(ToolInvocation, ToolNext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<ToolOutput, E>> + Send + 'static,
+    E: Into<BoxError>,
+{
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn wrap_tool<'a>(
+        &'a self,
+        invocation: ToolInvocation,
+        next: ToolNext,
+    ) -> BoxFuture<'a, Result<ToolOutput, BoxError>> {
+        let fut = (self.f)(invocation, next);
+        Box::pin(async move { fut.await.map_err(Into::into) })
     }
 }

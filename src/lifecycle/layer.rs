@@ -1,4 +1,5 @@
-//! [`LifecycleLayer`]: installs the hooks into a run and brackets it.
+//! [`LifecycleLayer`]: installs the hooks into a run and brackets it; the
+//! same bracketing behind an agent's own middleware ([`AgentMiddleware`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -6,16 +7,25 @@ use std::task::{Context, Poll};
 
 use tower::{Layer, Service};
 
-use super::frame::Frame;
-use super::future::ResponseFuture;
+use futures::future::BoxFuture;
+use tower::ServiceExt;
+
+use super::installed::InstalledHooks;
 use super::runtime::RunMiddleware;
-use super::stack::Stack;
-use super::MiddlewareStack;
+use super::stack::CompiledStack;
+use super::{Middleware, MiddlewareStack};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
-use crate::hooks::{RunHooks, RunOutcome, RunStart};
-use crate::request::{RunInput, RunRequest};
+use crate::hooks::{install, AgentMiddleware, HookPort, RunBracket, RunOutcome, RunStart};
+use crate::request::{BoxAgent, RunInput, RunRequest};
 use crate::types::AgentRun;
+
+/// The response future of the lifecycle services ([`Lifecycle`],
+/// [`FromFn`](super::FromFn), [`WrapModel`](super::WrapModel),
+/// [`WrapTool`](super::WrapTool)).
+///
+/// Boxed behind this name so that it can change without breaking users.
+pub type ResponseFuture<T, E = BoxError> = crate::future::BoxResponseFuture<T, E>;
 
 /// A tower [`Layer`] over a run service (an [`Agent`](crate::Agent), layered
 /// or not) that runs a [`MiddlewareStack`]'s hooks in every run through it.
@@ -35,9 +45,9 @@ use crate::types::AgentRun;
 /// See the [module docs](super) for an example.
 #[derive(Clone)]
 pub struct LifecycleLayer {
-    runtime: Option<Arc<Stack>>,
-    agent: Arc<Stack>,
-    builtins: Arc<Stack>,
+    runtime: Option<Arc<CompiledStack>>,
+    agent: Arc<CompiledStack>,
+    builtins: Arc<CompiledStack>,
 }
 
 impl LifecycleLayer {
@@ -46,15 +56,15 @@ impl LifecycleLayer {
         Self {
             runtime: None,
             agent: stack.compile(),
-            builtins: Stack::empty(),
+            builtins: CompiledStack::empty(),
         }
     }
 
-    pub(crate) fn with_runtime(runtime: Arc<Stack>, agent: Arc<Stack>) -> Self {
+    pub(crate) fn with_runtime(runtime: Arc<CompiledStack>, agent: Arc<CompiledStack>) -> Self {
         Self {
             runtime: Some(runtime),
             agent,
-            builtins: Stack::empty(),
+            builtins: CompiledStack::empty(),
         }
     }
 
@@ -124,7 +134,7 @@ impl<S: fmt::Debug> fmt::Debug for Lifecycle<S> {
 #[derive(Clone)]
 struct RuntimeMark(usize);
 
-fn runtime_id(stack: &Arc<Stack>) -> usize {
+fn runtime_id(stack: &Arc<CompiledStack>) -> usize {
     Arc::as_ptr(stack) as *const () as usize
 }
 
@@ -171,15 +181,15 @@ where
             ctx.with_state(|s| s.insert(RuntimeMark(id)));
             true
         });
-        let empty = Stack::empty();
-        let stack = Stack::compose(&[
+        let empty = CompiledStack::empty();
+        let stack = CompiledStack::compose(&[
             runtime.unwrap_or(&empty),
             &self.layer.agent,
             run.as_ref().map_or(&empty, |r| &r.stack),
             &self.layer.builtins,
         ]);
-        let frame = Arc::new(Frame::new(ctx.hooks(), stack));
-        ctx.install_hooks(Some(frame.clone() as Arc<dyn RunHooks>));
+        let frame = Arc::new(InstalledHooks::new(&ctx, stack));
+        install(&ctx, frame.clone() as Arc<dyn HookPort>);
         let resumed = matches!(request.input, RunInput::Resume { .. });
         let start = RunStart {
             resumed,
@@ -194,7 +204,7 @@ where
 
 /// `before_agent`, the run, then `on_error` and `after_agent` exactly once.
 async fn bracket<S>(
-    frame: Arc<Frame>,
+    frame: Arc<InstalledHooks>,
     nested: bool,
     ctx: RunContext,
     start: RunStart,
@@ -209,7 +219,7 @@ where
         frame.stack.before_agent(&ctx, start).await
     } else {
         frame
-            .start_run(&ctx, start)
+            .before_agent(&ctx, start)
             .await
             .map_err(AgentError::classify)
     };
@@ -234,7 +244,52 @@ where
     if nested {
         frame.stack.after_agent(&ctx, outcome).await;
     } else {
-        let _ = frame.end_run(&ctx, outcome).await;
+        let _ = frame.after_agent(&ctx, outcome).await;
     }
     result
+}
+
+impl RunBracket for LifecycleLayer {
+    fn run(
+        &self,
+        request: RunRequest,
+        run: BoxAgent,
+    ) -> BoxFuture<'static, Result<AgentRun, AgentError>> {
+        Box::pin(self.layer(run).oneshot(request))
+    }
+
+    fn then(&self, inner: &AgentMiddleware) -> AgentMiddleware {
+        let mut merged = self.clone();
+        if let Some(inner) = inner.0.as_any().downcast_ref::<LifecycleLayer>() {
+            merged.agent = CompiledStack::compose(&[&self.agent, &inner.agent]);
+            merged.builtins = CompiledStack::compose(&[&self.builtins, &inner.builtins]);
+        }
+        AgentMiddleware(Arc::new(merged))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn fmt_names(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("AgentMiddleware").field(&self.agent).finish()
+    }
+}
+
+impl From<LifecycleLayer> for AgentMiddleware {
+    fn from(layer: LifecycleLayer) -> Self {
+        AgentMiddleware(Arc::new(layer))
+    }
+}
+
+impl From<MiddlewareStack> for AgentMiddleware {
+    fn from(stack: MiddlewareStack) -> Self {
+        LifecycleLayer::new(stack).into()
+    }
+}
+
+impl<M: Middleware> From<M> for AgentMiddleware {
+    fn from(middleware: M) -> Self {
+        MiddlewareStack::new().push(middleware).into()
+    }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::{FailPolicy, Hook, HookPoint, HookSet, Middleware};
+use super::{FailPolicy, Hook, HookPoint, Middleware};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::hooks::{Compaction, Notification, RunOutcome, RunStart, ToolCallResult, ToolVerdict};
@@ -126,10 +126,6 @@ impl fmt::Debug for HookCounts {
 impl Middleware for LoggingMiddleware {
     fn name(&self) -> &str {
         &self.name
-    }
-
-    fn hooks(&self) -> HookSet {
-        HookSet::ALL
     }
 
     fn fail_policy(&self) -> FailPolicy {

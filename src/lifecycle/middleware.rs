@@ -1,15 +1,16 @@
-//! The [`Middleware`] trait: lifecycle hooks, each with a no-op default.
+//! The [`Middleware`] trait: every hook of a run, each with a no-op default
+//! the stack recognises, and the [`Hook`] a hook returns.
 
 use std::fmt;
 use std::future::Future;
 
 use futures::future::BoxFuture;
 
-use super::HookSet;
+use super::wrap::{ModelNext, ToolNext, Wrapped};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::hooks::{Compaction, Notification, RunOutcome, RunStart, ToolCallResult, ToolVerdict};
-use crate::request::ToolOutput;
+use crate::request::{ModelCall, ToolInvocation, ToolOutput};
 use crate::types::{ApprovalDecision, History, Message, ModelDelta, ModelResponse, ToolCall};
 
 /// What a hook returns: nothing to do, a result already there, or a future.
@@ -33,15 +34,26 @@ use crate::types::{ApprovalDecision, History, Message, ModelDelta, ModelResponse
 pub struct Hook<'a, T>(pub(crate) HookKind<'a, T>);
 
 pub(crate) enum HookKind<'a, T> {
+    /// What the trait's default bodies return: the hook is not overridden.
+    /// The stack learns it once and never calls the hook again.
+    NotOverridden,
     Skip,
     Ready(Result<T, BoxError>),
     Pending(BoxFuture<'a, Result<T, BoxError>>),
 }
 
 impl<'a, T> Hook<'a, T> {
-    /// Nothing to do here: as if the hook were not overridden.
+    /// Nothing to do this time: no events, no value. The hook is still
+    /// asked the next time.
     pub fn skip() -> Self {
         Hook(HookKind::Skip)
+    }
+
+    /// What a hook the middleware does not override answers (the trait's
+    /// default bodies). A wrapper that forwards a hook to an inner
+    /// middleware forwards this too.
+    pub(crate) fn not_overridden() -> Self {
+        Hook(HookKind::NotOverridden)
     }
 
     /// Done with `value`.
@@ -67,9 +79,10 @@ impl<'a, T> Hook<'a, T> {
         Hook(HookKind::Pending(Box::pin(future)))
     }
 
-    /// Whether this is [`Hook::skip`].
+    /// Whether this is [`Hook::skip`], or the answer of a hook that is not
+    /// overridden.
     pub fn is_skip(&self) -> bool {
-        matches!(self.0, HookKind::Skip)
+        matches!(self.0, HookKind::Skip | HookKind::NotOverridden)
     }
 
     /// Whether the result is already there.
@@ -81,7 +94,7 @@ impl<'a, T> Hook<'a, T> {
     /// on its own; in a run the stack does this.
     pub async fn run(self) -> Option<Result<T, BoxError>> {
         match self.0 {
-            HookKind::Skip => None,
+            HookKind::Skip | HookKind::NotOverridden => None,
             HookKind::Ready(result) => Some(result),
             HookKind::Pending(future) => Some(future.await),
         }
@@ -91,7 +104,7 @@ impl<'a, T> Hook<'a, T> {
 impl<T> fmt::Debug for Hook<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self.0 {
-            HookKind::Skip => "Hook::Skip",
+            HookKind::Skip | HookKind::NotOverridden => "Hook::Skip",
             HookKind::Ready(_) => "Hook::Ready",
             HookKind::Pending(_) => "Hook::Pending",
         })
@@ -128,17 +141,21 @@ pub enum FailPolicy {
 /// [`FailPolicy::Open`]); a [`tripwire`](crate::tripwire) ends it with
 /// `GUARDRAIL_TRIPPED`, naming this middleware and the hook.
 ///
-/// # Declaring the hooks
+/// # Which hooks run
 ///
-/// [`hooks`](Self::hooks) says which hooks the middleware overrides (all of
-/// them by default). The stack never calls the others, so a middleware that
-/// declares its hooks costs nothing at the points it ignores. In debug
-/// builds the stack checks the declaration: an overridden async hook left
-/// out of it fails the run with an error naming it. The delta hooks are
-/// synchronous and cannot be checked: declare them.
+/// Override the hooks you need; nothing else is declared. The default bodies
+/// answer "not overridden", which the stack learns the first time it meets
+/// that hook point and from then on skips at no cost: no call, no event, no
+/// allocation, no boxed future. Every hook you override runs, in every
+/// build. A wrapper that forwards every hook to an inner middleware returns
+/// what the inner one returns, so it forwards "not overridden" too.
+///
+/// The wrap hooks ([`wrap_model`](Self::wrap_model),
+/// [`wrap_tool`](Self::wrap_tool)) belong to the same trait: a type with
+/// lifecycle hooks and wrap hooks is pushed once, with one name.
 ///
 /// ```
-/// use tower_agent::lifecycle::{Hook, HookSet, Middleware};
+/// use tower_agent::lifecycle::{Hook, Middleware};
 /// use tower_agent::types::History;
 /// use tower_agent::RunContext;
 ///
@@ -149,10 +166,6 @@ pub enum FailPolicy {
 ///         "reminder"
 ///     }
 ///
-///     fn hooks(&self) -> HookSet {
-///         HookSet::BEFORE_MODEL
-///     }
-///
 ///     fn before_model<'a>(&'a self, ctx: &'a RunContext, messages: &'a mut History) -> Hook<'a, ()> {
 ///         if ctx.iteration() == 5 {
 ///             messages.push(tower_agent::Message::user("Wrap up soon."));
@@ -161,15 +174,14 @@ pub enum FailPolicy {
 ///     }
 /// }
 /// ```
+///
+/// For the common cases, the closures of
+/// [`MiddlewareStack`](super::MiddlewareStack) need no type and no
+/// lifetimes: `MiddlewareStack::new().before_model("reminder", |ctx, messages| { .. })`.
 #[allow(unused_variables)]
 pub trait Middleware: Send + Sync + 'static {
     /// The name events, tripwires and stops carry.
     fn name(&self) -> &str;
-
-    /// The hooks this middleware overrides. See the trait docs.
-    fn hooks(&self) -> HookSet {
-        HookSet::ALL
-    }
 
     /// Whether the run must hold each turn's streamed text until
     /// `after_model` ran, then send the final text in one piece.
@@ -182,6 +194,8 @@ pub trait Middleware: Send + Sync + 'static {
         FailPolicy::Closed
     }
 
+    #[doc(alias = "on_agent_start")]
+    #[doc(alias = "start_run")]
     /// A run starts, new or resumed, before its input guard and its first
     /// model call. `Some(text)` adds `text` right after the system prompt,
     /// for this run only (it is not kept in the transcript).
@@ -190,9 +204,10 @@ pub trait Middleware: Send + Sync + 'static {
         ctx: &'a RunContext,
         start: RunStart,
     ) -> Hook<'a, Option<String>> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
+    #[doc(alias = "input_guardrail")]
     /// A new run's input, before any model call: the input guard. `messages`
     /// are what the first turn starts from (system prompt and history).
     /// `Some(text)` adds `text` after the input as a system message, kept in
@@ -203,22 +218,40 @@ pub trait Middleware: Send + Sync + 'static {
         input: &'a mut Message,
         messages: &'a [Message],
     ) -> Hook<'a, Option<String>> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
+    #[doc(alias = "on_llm_start")]
+    #[doc(alias = "beforeModelCall")]
     /// Before each model turn; may change the messages from then on. After
     /// an edit, the run checks that every tool call still has its result.
     fn before_model<'a>(&'a self, ctx: &'a RunContext, messages: &'a mut History) -> Hook<'a, ()> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
     /// Each streamed delta of a model call, in a run that streams; may change
     /// it. Synchronous and without events: it is on the token hot path. An
     /// `Err` aborts the model call.
+    ///
+    /// The default answers with an error the stack reads as "not
+    /// overridden"; a wrapper forwarding this hook returns the inner
+    /// middleware's answer as it is.
     fn on_model_delta(&self, ctx: &RunContext, delta: &mut ModelDelta) -> Result<(), BoxError> {
-        Ok(())
+        Err(not_overridden())
     }
 
+    #[doc(alias = "wrap_model_call")]
+    /// Around each model call: change the call, call
+    /// [`next.run(call)`](super::Next::run) 0..N times (proceed, retry, fall
+    /// back), or answer without it. Return [`Wrapped::new`] with the future;
+    /// [`Wrapped::next`] proceeds without waiting for anything of its own.
+    /// The stack's wrap hooks also see the model calls of nested runs, and
+    /// each invocation is bracketed by `MiddlewareStarted`/`Completed`.
+    fn wrap_model<'a>(&'a self, call: ModelCall, next: ModelNext) -> Wrapped<'a, ModelCall> {
+        Wrapped::not_overridden(call, next)
+    }
+
+    #[doc(alias = "on_llm_end")]
     /// After each answer, before the run uses it: may replace its content or
     /// its tool calls (an empty list makes it the final answer).
     fn after_model<'a>(
@@ -226,9 +259,11 @@ pub trait Middleware: Send + Sync + 'static {
         ctx: &'a RunContext,
         response: &'a mut ModelResponse,
     ) -> Hook<'a, ()> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
+    #[doc(alias = "on_tool_start")]
+    #[doc(alias = "beforeToolCall")]
     /// Before each tool call is decided, and again for a waiting call when a
     /// paused run resumes (`resumed`). `call` carries the arguments as the
     /// middleware before this one left them. See [`ToolVerdict`] and the
@@ -239,7 +274,7 @@ pub trait Middleware: Send + Sync + 'static {
         call: &'a ToolCall,
         resumed: bool,
     ) -> Hook<'a, ToolVerdict> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
     /// Each delta a tool streams (its progress); may change it. Synchronous,
@@ -250,9 +285,23 @@ pub trait Middleware: Send + Sync + 'static {
         call: &ToolCall,
         delta: &mut ModelDelta,
     ) -> Result<(), BoxError> {
-        Ok(())
+        Err(not_overridden())
     }
 
+    #[doc(alias = "wrap_tool_call")]
+    /// Around each tool call that passed approval: change the arguments
+    /// (validated again; the approval is withdrawn), retry, or answer for
+    /// the tool. See [`wrap_model`](Self::wrap_model).
+    fn wrap_tool<'a>(
+        &'a self,
+        invocation: ToolInvocation,
+        next: ToolNext,
+    ) -> Wrapped<'a, ToolInvocation> {
+        Wrapped::not_overridden(invocation, next)
+    }
+
+    #[doc(alias = "on_tool_end")]
+    #[doc(alias = "afterToolCall")]
     /// After each tool call; may change the result the model reads.
     fn after_tool<'a>(
         &'a self,
@@ -260,7 +309,7 @@ pub trait Middleware: Send + Sync + 'static {
         call: &'a ToolCall,
         output: &'a mut ToolOutput,
     ) -> Hook<'a, ()> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
     /// Every call of a step has its result, before the next model call: may
@@ -270,7 +319,7 @@ pub trait Middleware: Send + Sync + 'static {
         ctx: &'a RunContext,
         results: &'a [ToolCallResult],
     ) -> Hook<'a, ()> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
     /// The agent would stop with `output`. `Some(text)` keeps it going with
@@ -282,7 +331,7 @@ pub trait Middleware: Send + Sync + 'static {
         output: &'a Message,
         continuations: u32,
     ) -> Hook<'a, Option<String>> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
     /// A compaction of `messages` is about to run: `false` skips it.
@@ -291,7 +340,7 @@ pub trait Middleware: Send + Sync + 'static {
         ctx: &'a RunContext,
         messages: &'a History,
     ) -> Hook<'a, bool> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
     /// A compaction ran.
@@ -300,7 +349,7 @@ pub trait Middleware: Send + Sync + 'static {
         ctx: &'a RunContext,
         compaction: &'a Compaction,
     ) -> Hook<'a, ()> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
     /// The run would move from model `from` to model `to`: `false` blocks it.
@@ -310,7 +359,7 @@ pub trait Middleware: Send + Sync + 'static {
         from: &'a str,
         to: &'a str,
     ) -> Hook<'a, bool> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
     /// A call asks for approval: `Some` decides it as a person would, before
@@ -321,7 +370,7 @@ pub trait Middleware: Send + Sync + 'static {
         ctx: &'a RunContext,
         call: &'a ToolCall,
     ) -> Hook<'a, Option<ApprovalDecision>> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
     /// Something a person should know (an approval asked, a pause). Cannot
@@ -331,19 +380,39 @@ pub trait Middleware: Send + Sync + 'static {
         ctx: &'a RunContext,
         notification: &'a Notification,
     ) -> Hook<'a, ()> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
     /// The run failed with `error`. Every middleware's `on_error` runs; their
     /// own errors are ignored (logged), and the run keeps its error.
     fn on_error<'a>(&'a self, ctx: &'a RunContext, error: &'a AgentError) -> Hook<'a, ()> {
-        Hook::skip()
+        Hook::not_overridden()
     }
 
+    #[doc(alias = "after_run")]
+    #[doc(alias = "afterRun")]
+    #[doc(alias = "on_agent_end")]
     /// The run ended: completed, stopped, paused (with the result) or failed
     /// (with the error). Its error is logged, the next `after_agent` still
     /// runs and the caller keeps the run's result.
     fn after_agent<'a>(&'a self, ctx: &'a RunContext, outcome: RunOutcome<'a>) -> Hook<'a, ()> {
-        Hook::skip()
+        Hook::not_overridden()
     }
+}
+
+/// The error the default delta hooks answer: "not overridden". A zero-sized
+/// type, so boxing it allocates nothing.
+#[derive(Debug)]
+pub(crate) struct NotOverridden;
+
+impl fmt::Display for NotOverridden {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the hook is not overridden")
+    }
+}
+
+impl std::error::Error for NotOverridden {}
+
+fn not_overridden() -> BoxError {
+    Box::new(NotOverridden)
 }

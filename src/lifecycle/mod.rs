@@ -1,79 +1,55 @@
-//! The lifecycle adapter: [`Middleware`] hooks, wrap middleware,
-//! [`MiddlewareStack`], the [`LifecycleLayer`] that brackets a run,
-//! tripwires, tool verdicts and approvals.
+//! The lifecycle adapter: [`Middleware`] (every hook of a run, lifecycle
+//! and wrap), the [`MiddlewareStack`] that orders them, the
+//! [`LifecycleLayer`] that brackets a run, tripwires, tool verdicts and
+//! approvals.
 //!
-//! Two shapes of middleware:
+//! A [`Middleware`] is one object with one name. Its hooks observe and
+//! change values at fixed points of a run (`before_agent` … `after_agent`)
+//! and surround each model or tool call (`wrap_model`, `wrap_tool`, with a
+//! [`Next`] they may call 0..N times: proceed, short-circuit, retry, fall
+//! back). Every hook has a no-op default; override the ones you need and
+//! nothing else: the stack learns which hooks a middleware leaves alone and
+//! skips them at no cost, and runs every one it overrides, in every build.
+//! Values a hook may change are passed `&mut`; where it decides it returns
+//! a typed value (a [`ToolVerdict`](crate::hooks::ToolVerdict), an
+//! approval, a continuation).
 //!
-//! - **Lifecycle middleware** ([`Middleware`]) observes and changes values at
-//!   fixed points of a run: `before_agent` … `after_agent`. Every hook has a
-//!   no-op default and returns a [`Hook`]; values it may change are passed
-//!   `&mut`, and where it decides it returns a typed value (a
-//!   [`ToolVerdict`](crate::hooks::ToolVerdict), an approval, a
-//!   continuation).
-//! - **Wrap middleware** ([`ModelMiddleware`], [`ToolMiddleware`],
-//!   [`from_fn`]) surrounds each model or tool call with a [`Next`] it may call
-//!   0..N times: proceed, short-circuit, retry, fall back. Each is also a
-//!   tower `Layer` ([`WrapModelLayer`], [`WrapToolLayer`], [`FromFnLayer`]).
+//! Three ways to write one, one registration each:
 //!
-//! A [`MiddlewareStack`] holds both, in registration order, and a
-//! [`LifecycleLayer`] runs it around every run of the service it wraps.
+//! - closures on the stack, for one hook and no lifetimes:
+//!   [`MiddlewareStack::before_model`], `before_run`, `after_model`,
+//!   `before_tool` (a verdict), `after_tool`, `after_agent`, `on_error`, and
+//!   async forms (`before_model_async`, `before_tool_async`,
+//!   `after_tool_async`);
+//! - a type implementing [`Middleware`], pushed with
+//!   [`push`](MiddlewareStack::push);
+//! - a wrap-only [`ModelMiddleware`] / [`ToolMiddleware`] or a [`from_fn`]
+//!   closure, pushed with [`push_model`](MiddlewareStack::push_model) /
+//!   [`push_tool`](MiddlewareStack::push_tool).
+//!
+//! The stack runs in every run of an agent built with
+//! [`AgentBuilder::middleware`](crate::AgentBuilder::middleware) (the agent
+//! keeps `run`), or of any run service wrapped in a [`LifecycleLayer`].
+//!
+//! # Two depths for wrap middleware
+//!
+//! A wrap middleware on the stack is one of the run's hooks: it sees every
+//! model (or tool) call of the run *and of the runs nested in it*
+//! (sub-agents), in its place in the onion, and each invocation is
+//! bracketed by `MiddlewareStarted`/`MiddlewareCompleted` events. The same
+//! middleware as a plain tower layer ([`WrapModelLayer`], [`WrapToolLayer`],
+//! [`from_fn`] in a `ServiceBuilder`) sees only the calls of the service it
+//! wraps.
 //!
 //! ```
-//! use futures::future::BoxFuture;
 //! use serde::Deserialize;
-//! use tower::{ServiceBuilder, ServiceExt};
 //! use tower_agent::lifecycle::{
-//!     Hook, HookSet, LifecycleLayer, LoggingMiddleware, Middleware, MiddlewareStack,
-//!     ModelMiddleware, ModelNext,
+//!     from_fn, HookPoint, LoggingMiddleware, MiddlewareStack, ModelNext,
 //! };
-//! use tower_agent::types::{Message, ModelResponse};
 //! use tower_agent::{
-//!     tool_sync, tripwire, Agent, AgentError, BoxError, ModelCall, RunContext, RunRequest,
-//!     ScriptedModel, ScriptedTurn, ToolRouter,
+//!     tool_sync, tripwire, Agent, AgentError, BoxError, ModelCall, ScriptedModel, ScriptedTurn,
+//!     ToolRouter,
 //! };
-//!
-//! /// The input guard: refunds go to a person.
-//! struct RefundGuard;
-//!
-//! impl Middleware for RefundGuard {
-//!     fn name(&self) -> &str {
-//!         "refund-guard"
-//!     }
-//!
-//!     fn hooks(&self) -> HookSet {
-//!         HookSet::BEFORE_RUN
-//!     }
-//!
-//!     fn before_run<'a>(
-//!         &'a self,
-//!         _ctx: &'a RunContext,
-//!         input: &'a mut Message,
-//!         _messages: &'a [Message],
-//!     ) -> Hook<'a, Option<String>> {
-//!         if input.text().to_lowercase().contains("refund") {
-//!             return Hook::err(tripwire("refunds go to a person"));
-//!         }
-//!         Hook::ok(None)
-//!     }
-//! }
-//!
-//! /// Around each model call: always at temperature 0.
-//! struct Deterministic;
-//!
-//! impl ModelMiddleware for Deterministic {
-//!     fn name(&self) -> &str {
-//!         "deterministic"
-//!     }
-//!
-//!     fn wrap_model<'a>(
-//!         &'a self,
-//!         mut call: ModelCall,
-//!         next: ModelNext,
-//!     ) -> BoxFuture<'a, Result<ModelResponse, BoxError>> {
-//!         call.request.settings.temperature = Some(0.0);
-//!         Box::pin(next.run(call))
-//!     }
-//! }
 //!
 //! #[derive(Deserialize, schemars::JsonSchema)]
 //! struct Order {
@@ -85,8 +61,21 @@
 //! let logging = LoggingMiddleware::new();
 //! let stack = MiddlewareStack::new()
 //!     .push(logging.clone())
-//!     .push(RefundGuard)
-//!     .push_model(Deterministic);
+//!     // The input guard: refunds go to a person.
+//!     .before_run("refund-guard", |_ctx, input| {
+//!         if input.text().to_lowercase().contains("refund") {
+//!             return Err(tripwire("refunds go to a person").into());
+//!         }
+//!         Ok(())
+//!     })
+//!     // Around each model call: always at temperature 0.
+//!     .push_model(
+//!         from_fn(|mut call: ModelCall, next: ModelNext| async move {
+//!             call.request.settings.temperature = Some(0.0);
+//!             next.run(call).await
+//!         })
+//!         .name("deterministic"),
+//!     );
 //!
 //! let model = ScriptedModel::new([
 //!     ScriptedTurn::tool_call("order_status", r#"{"id": "A-1"}"#),
@@ -95,23 +84,27 @@
 //! let tools = ToolRouter::new().tool(tool_sync("order_status", "Where an order is", |o: Order| {
 //!     Ok::<_, BoxError>(format!("order {} shipped", o.id))
 //! }));
-//! let agent = Agent::builder("support").model(model.clone()).tools(tools).build()?;
-//! let support = ServiceBuilder::new()
-//!     .layer(LifecycleLayer::new(stack))
-//!     .service(agent);
+//! let support = Agent::builder("support")
+//!     .model(model.clone())
+//!     .tools(tools)
+//!     .middleware(stack)
+//!     .build()?;
 //!
-//! let run = support.clone().oneshot(RunRequest::new("Where is A-1?")).await?;
+//! let run = support.run("Where is A-1?").await?;
 //! assert_eq!(run.output, "Order A-1 has shipped.");
 //! assert!(model.requests().iter().all(|r| r.settings.temperature == Some(0.0)));
-//! assert_eq!(logging.counts().get(tower_agent::lifecycle::HookPoint::AfterTool), 1);
+//! assert_eq!(logging.counts().get(HookPoint::AfterTool), 1);
 //!
-//! let err = support.oneshot(RunRequest::new("I want a refund")).await.unwrap_err();
+//! let err = support.run("I want a refund").await.unwrap_err();
 //! assert_eq!(err.code(), "GUARDRAIL_TRIPPED");
 //! assert!(matches!(err, AgentError::Tripwire { middleware, hook, .. }
 //!     if middleware == "refund-guard" && hook == "before_run"));
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! The same stack in a [`LifecycleLayer`] brackets any run service:
+//! `ServiceBuilder::new().layer(LifecycleLayer::new(stack)).service(agent)`.
 //!
 //! # The hook points
 //!
@@ -142,12 +135,14 @@
 //! the delta hooks and `on_error` in reverse; the first wrap middleware is
 //! the outermost. Placement levels nest the same way: the hooks a run
 //! inherited (its parent run's) ▸ the [`Runtime`]'s ▸ the agent's (its
-//! [`LifecycleLayer`]) ▸ the run's ([`RunMiddleware`]) ▸ built-ins nearest
-//! the model. See [`ordering`] for the picture.
+//! [`LifecycleLayer`] or `AgentBuilder::middleware`) ▸ the run's ([`RunMiddleware`]) ▸ built-ins nearest
+//! the model. See [`ordering`] for the picture, and for how the hook names
+//! of other agent frameworks map onto these.
 //!
 //! # Events and errors
 //!
-//! Every hook invocation that does not [`skip`](Hook::skip) is bracketed by
+//! Every hook invocation that does not [`skip`](Hook::skip) (nor is left
+//! at its default) is bracketed by
 //! `MiddlewareStarted` / `MiddlewareCompleted` events (outcome `ok`, `error`
 //! or `panic`), always balanced; the delta hooks emit none. The first `Err`
 //! short-circuits: the run fails, every middleware's `on_error` runs (their
@@ -171,33 +166,38 @@
 //! asking `before_tool` again with `resumed == true`. Every decision is
 //! logged as a `ToolDecision` event naming who decided.
 
-mod adapter;
+mod attribute;
 pub mod builtin;
-mod delta;
-mod frame;
+mod call_chain;
+mod call_hook;
+mod closures;
+pub(crate) mod edit_watch;
 mod from_fn;
-pub mod future;
-mod hook_set;
-mod invoke;
+mod hook_point;
+mod installed;
 mod layer;
 mod logging;
 mod middleware;
-mod runner;
+mod next;
 mod runtime;
 mod stack;
+mod stack_hooks;
 mod verdict;
 mod wrap;
+mod wrap_layer;
 
 #[doc = include_str!("../../docs/ordering.md")]
 pub mod ordering {}
 
-pub use adapter::{WrapModel, WrapModelLayer, WrapTool, WrapToolLayer};
+pub use crate::hooks::AgentMiddleware;
 pub use from_fn::{from_fn, FromFn, FromFnLayer};
-pub use hook_set::{HookPoint, HookSet};
-pub use layer::{Lifecycle, LifecycleLayer};
+pub use hook_point::HookPoint;
+pub use layer::{Lifecycle, LifecycleLayer, ResponseFuture};
 pub use logging::{HookCounts, LoggingMiddleware};
 pub use middleware::{FailPolicy, Hook, Middleware};
+pub use next::Next;
 pub use runtime::{RunMiddleware, RunRequestExt, Runtime};
 pub use stack::MiddlewareStack;
 pub use verdict::{decision_rank, merge_verdicts};
-pub use wrap::{ModelMiddleware, ModelNext, Next, ToolMiddleware, ToolNext, WrapRequest};
+pub use wrap::{ModelMiddleware, ModelNext, ToolMiddleware, ToolNext, WrapRequest, Wrapped};
+pub use wrap_layer::{WrapModel, WrapModelLayer, WrapTool, WrapToolLayer};

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use tower::{Service, ServiceExt};
 
-use super::delta::tool_call;
-use super::stack::Stack;
+use super::call_chain::tool_call;
+use super::stack::CompiledStack;
 use super::{LifecycleLayer, MiddlewareStack};
 use crate::error::{AgentError, BoxError};
-use crate::request::{RunRequest, ToolInvocation, ToolOutput};
-use crate::service::{box_tool, Agent};
+use crate::request::{box_tool, RunRequest, ToolInvocation, ToolOutput};
+use crate::service::Agent;
 use crate::types::AgentRun;
 
 /// Middleware shared by every agent a runtime serves, outside each agent's
@@ -49,7 +49,7 @@ use crate::types::AgentRun;
 /// Clones share the middleware.
 #[derive(Clone)]
 pub struct Runtime {
-    stack: Arc<Stack>,
+    stack: Arc<CompiledStack>,
 }
 
 impl Runtime {
@@ -100,7 +100,7 @@ impl Runtime {
         S::Error: Into<BoxError>,
         S::Future: Send + 'static,
     {
-        tool_call(self.stack.clone(), invocation, box_tool(tools))
+        tool_call(self.stack.clone(), invocation, box_tool(tools), None)
             .await
             .map_err(AgentError::classify)
     }
@@ -128,7 +128,7 @@ impl fmt::Debug for Runtime {
 /// ```
 #[derive(Clone)]
 pub struct RunMiddleware {
-    pub(crate) stack: Arc<Stack>,
+    pub(crate) stack: Arc<CompiledStack>,
 }
 
 impl RunMiddleware {

@@ -1,20 +1,19 @@
-//! [`MiddlewareStack`]: the ordered lists of middleware, and their compiled
-//! form the run uses.
+//! [`MiddlewareStack`]: the one ordered list of middleware, and the compiled
+//! form a run uses, which learns which hooks each middleware overrides.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use super::invoke::Entry;
-use super::wrap::{Link, ModelLink, ToolLink};
-use super::{HookPoint, Middleware, ModelMiddleware, ToolMiddleware};
-use crate::request::{ModelCall, ToolInvocation};
+use super::wrap::{ModelOnly, ToolOnly};
+use super::{FailPolicy, HookPoint, Middleware, ModelMiddleware, ToolMiddleware};
 
-/// Three ordered lists: lifecycle [`Middleware`], [`ModelMiddleware`] and
-/// [`ToolMiddleware`].
+/// One ordered list of middleware: lifecycle hooks and wrap hooks alike.
 ///
 /// Registration order is the onion: `before_*` hooks run in it, `after_*`
-/// hooks in reverse, and the first wrap middleware is the outermost. Hand
-/// the stack to a [`LifecycleLayer`](super::LifecycleLayer) (an agent's), a
+/// hooks in reverse, and the first wrap hook is the outermost. Hand the
+/// stack to an agent ([`AgentBuilder::middleware`](crate::AgentBuilder::middleware)),
+/// a [`LifecycleLayer`](super::LifecycleLayer), a
 /// [`Runtime`](super::Runtime) (every run of a runtime) or a
 /// [`RunMiddleware`](super::RunMiddleware) (one run).
 ///
@@ -22,19 +21,25 @@ use crate::request::{ModelCall, ToolInvocation};
 /// use tower_agent::lifecycle::{LoggingMiddleware, MiddlewareStack};
 ///
 /// let logging = LoggingMiddleware::named("log");
-/// let stack = MiddlewareStack::new().push(logging.clone());
-/// assert_eq!(stack.len(), 1);
-/// assert_eq!(stack.names().collect::<Vec<_>>(), ["log"]);
+/// let stack = MiddlewareStack::new()
+///     .push(logging.clone())
+///     .before_model("reminder", |ctx, messages| {
+///         if ctx.iteration() == 5 {
+///             messages.push(tower_agent::Message::user("Wrap up soon."));
+///         }
+///         Ok(())
+///     });
+/// assert_eq!(stack.len(), 2);
+/// assert_eq!(stack.names().collect::<Vec<_>>(), ["log", "reminder"]);
 /// ```
 ///
 /// # Clone
 ///
-/// Cheap: the middleware are shared.
+/// Cheap: the middleware are shared, and so is what the stack learned about
+/// them.
 #[derive(Clone, Default)]
 pub struct MiddlewareStack {
-    lifecycle: Vec<Arc<dyn Middleware>>,
-    model: Vec<Arc<dyn ModelMiddleware>>,
-    tool: Vec<Arc<dyn ToolMiddleware>>,
+    entries: Vec<Entry>,
 }
 
 impl MiddlewareStack {
@@ -43,223 +48,195 @@ impl MiddlewareStack {
         Self::default()
     }
 
-    /// Registers a lifecycle middleware after the ones already there.
+    /// Registers a middleware after (inside) the ones already there.
     pub fn push(self, middleware: impl Middleware) -> Self {
         self.push_arc(Arc::new(middleware))
     }
 
-    /// Registers a shared lifecycle middleware.
+    /// Registers a shared middleware.
     pub fn push_arc(mut self, middleware: Arc<dyn Middleware>) -> Self {
-        self.lifecycle.push(middleware);
+        self.entries.push(Arc::new(Registered::new(middleware)));
         self
     }
 
-    /// Registers a model wrap middleware inside the ones already there.
+    /// Registers a wrap-only model middleware (a [`from_fn`](super::from_fn)
+    /// among them) inside the ones already there.
     pub fn push_model(self, middleware: impl ModelMiddleware) -> Self {
-        self.push_model_arc(Arc::new(middleware))
+        self.push(ModelOnly(Arc::new(middleware)))
     }
 
-    /// Registers a shared model wrap middleware.
-    pub fn push_model_arc(mut self, middleware: Arc<dyn ModelMiddleware>) -> Self {
-        self.model.push(middleware);
-        self
+    /// Registers a shared wrap-only model middleware.
+    pub fn push_model_arc(self, middleware: Arc<dyn ModelMiddleware>) -> Self {
+        self.push(ModelOnly(middleware))
     }
 
-    /// Registers a tool wrap middleware inside the ones already there.
+    /// Registers a wrap-only tool middleware inside the ones already there.
     pub fn push_tool(self, middleware: impl ToolMiddleware) -> Self {
-        self.push_tool_arc(Arc::new(middleware))
+        self.push(ToolOnly(Arc::new(middleware)))
     }
 
-    /// Registers a shared tool wrap middleware.
-    pub fn push_tool_arc(mut self, middleware: Arc<dyn ToolMiddleware>) -> Self {
-        self.tool.push(middleware);
-        self
+    /// Registers a shared wrap-only tool middleware.
+    pub fn push_tool_arc(self, middleware: Arc<dyn ToolMiddleware>) -> Self {
+        self.push(ToolOnly(middleware))
     }
 
     /// Appends every middleware of `other`, inside these.
     pub fn extend(mut self, other: MiddlewareStack) -> Self {
-        self.lifecycle.extend(other.lifecycle);
-        self.model.extend(other.model);
-        self.tool.extend(other.tool);
+        self.entries.extend(other.entries);
         self
     }
 
-    /// How many middleware of all three kinds.
+    /// How many middleware.
     pub fn len(&self) -> usize {
-        self.lifecycle.len() + self.model.len() + self.tool.len()
+        self.entries.len()
     }
 
     /// Whether there is none.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.entries.is_empty()
     }
 
-    /// The names of the lifecycle, then the model, then the tool middleware.
+    /// The names, in registration order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.lifecycle
-            .iter()
-            .map(|m| m.name())
-            .chain(self.model.iter().map(|m| m.name()))
-            .chain(self.tool.iter().map(|m| m.name()))
+        self.entries.iter().map(|e| &*e.name)
     }
 
-    /// The compiled form: names, declared hooks and per-hook lists read once.
-    pub(crate) fn compile(&self) -> Arc<Stack> {
-        Arc::new(Stack::build(
-            self.lifecycle.iter().cloned().map(Entry::new).collect(),
-            self.model
-                .iter()
-                .map(|m| Link {
-                    name: Arc::from(m.name()),
-                    wrap: Arc::new(ModelLink(m.clone())),
-                })
-                .collect(),
-            self.tool
-                .iter()
-                .map(|m| Link {
-                    name: Arc::from(m.name()),
-                    wrap: Arc::new(ToolLink(m.clone())),
-                })
-                .collect(),
-            self.model.iter().any(|m| m.holds_stream()),
-        ))
+    /// The compiled form a run uses.
+    pub(crate) fn compile(&self) -> Arc<CompiledStack> {
+        Arc::new(CompiledStack::build(self.entries.clone()))
     }
 }
 
 impl fmt::Debug for MiddlewareStack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MiddlewareStack")
-            .field(
-                "lifecycle",
-                &self.lifecycle.iter().map(|m| m.name()).collect::<Vec<_>>(),
-            )
-            .field(
-                "model",
-                &self.model.iter().map(|m| m.name()).collect::<Vec<_>>(),
-            )
-            .field(
-                "tool",
-                &self.tool.iter().map(|m| m.name()).collect::<Vec<_>>(),
-            )
-            .finish()
+        f.debug_list().entries(self.names()).finish()
+    }
+}
+
+/// A registered middleware, shared by every stack compiled or composed from
+/// it.
+pub(crate) type Entry = Arc<Registered>;
+
+/// A middleware with what the stack reads once, and what it learned: the
+/// hook points where it answered "not overridden".
+pub(crate) struct Registered {
+    pub(crate) mw: Arc<dyn Middleware>,
+    pub(crate) name: Arc<str>,
+    pub(crate) fail_open: bool,
+    pub(crate) holds_stream: bool,
+    /// One bit per [`HookPoint`]: set once the middleware answered "not
+    /// overridden" there.
+    absent: AtomicU32,
+}
+
+impl Registered {
+    fn new(mw: Arc<dyn Middleware>) -> Self {
+        Self {
+            name: Arc::from(mw.name()),
+            fail_open: mw.fail_policy() == FailPolicy::Open,
+            holds_stream: mw.holds_stream(),
+            absent: AtomicU32::new(0),
+            mw,
+        }
+    }
+
+    /// Whether the middleware may override `hook`: not yet seen answering
+    /// "not overridden" there.
+    #[inline]
+    pub(crate) fn may_override(&self, hook: HookPoint) -> bool {
+        self.absent.load(Ordering::Relaxed) & hook.bit() == 0
+    }
+
+    /// Records that the middleware does not override `hook`.
+    #[inline]
+    pub(crate) fn learn_absent(&self, hook: HookPoint) {
+        self.absent.fetch_or(hook.bit(), Ordering::Relaxed);
     }
 }
 
 /// A compiled stack: what one run (or one placement level) uses.
-pub(crate) struct Stack {
-    pub(crate) entries: Box<[Entry]>,
-    /// Per hook point, the entries to call, in the order to call them.
-    lists: [Box<[u32]>; HookPoint::COUNT],
-    pub(crate) model: Arc<[Link<ModelCall>]>,
-    pub(crate) tool: Arc<[Link<ToolInvocation>]>,
+pub(crate) struct CompiledStack {
+    /// In registration order; wrap chains walk it from the start.
+    pub(crate) entries: Arc<[Entry]>,
     pub(crate) holds_stream: bool,
 }
 
-impl Stack {
-    fn build(
-        entries: Vec<Entry>,
-        model: Vec<Link<ModelCall>>,
-        tool: Vec<Link<ToolInvocation>>,
-        model_holds_stream: bool,
-    ) -> Stack {
-        let lists = std::array::from_fn(|i| {
-            let hook = HookPoint::ALL[i];
-            // Debug builds call undeclared async hooks too, to catch a
-            // declaration that leaves out an override. Delta hooks are
-            // synchronous and cannot be checked, so only declared ones run.
-            let checked = cfg!(debug_assertions)
-                && !matches!(hook, HookPoint::OnModelDelta | HookPoint::OnToolDelta);
-            let mut list: Vec<u32> = (0..entries.len() as u32)
-                .filter(|&j| checked || entries[j as usize].hooks.contains(hook))
-                .collect();
-            if hook.is_reversed() {
-                list.reverse();
-            }
-            list.into_boxed_slice()
-        });
-        let holds_stream = model_holds_stream || entries.iter().any(|e| e.holds_stream);
-        Stack {
-            entries: entries.into_boxed_slice(),
-            lists,
-            model: model.into(),
-            tool: tool.into(),
+impl CompiledStack {
+    fn build(entries: Vec<Entry>) -> CompiledStack {
+        let holds_stream = entries.iter().any(|e| e.holds_stream);
+        CompiledStack {
+            entries: entries.into(),
             holds_stream,
         }
     }
 
     /// The empty stack, built once and shared.
-    pub(crate) fn empty() -> Arc<Stack> {
-        static EMPTY: OnceLock<Arc<Stack>> = OnceLock::new();
+    pub(crate) fn empty() -> Arc<CompiledStack> {
+        static EMPTY: OnceLock<Arc<CompiledStack>> = OnceLock::new();
         EMPTY
-            .get_or_init(|| Arc::new(Stack::build(Vec::new(), Vec::new(), Vec::new(), false)))
+            .get_or_init(|| Arc::new(CompiledStack::build(Vec::new())))
             .clone()
     }
 
     /// The levels one after the other (the first outermost), as one stack.
-    pub(crate) fn compose(levels: &[&Arc<Stack>]) -> Arc<Stack> {
+    pub(crate) fn compose(levels: &[&Arc<CompiledStack>]) -> Arc<CompiledStack> {
         let mut non_empty = levels.iter().filter(|s| !s.is_empty());
         match (non_empty.next(), non_empty.next()) {
-            (None, _) => Stack::empty(),
+            (None, _) => CompiledStack::empty(),
             (Some(only), None) => Arc::clone(only),
-            _ => Arc::new(Stack::build(
+            _ => Arc::new(CompiledStack::build(
                 levels
                     .iter()
                     .flat_map(|s| s.entries.iter().cloned())
                     .collect(),
-                levels
-                    .iter()
-                    .flat_map(|s| s.model.iter().cloned())
-                    .collect(),
-                levels.iter().flat_map(|s| s.tool.iter().cloned()).collect(),
-                levels.iter().any(|s| s.holds_stream),
             )),
         }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty() && self.model.is_empty() && self.tool.is_empty()
+        self.entries.is_empty()
     }
 
-    /// Whether any middleware is called at `hook`.
+    /// Whether any middleware may run at `hook`. Exact once each has met
+    /// the hook point: a middleware that does not override it answers so
+    /// once, then never counts again.
     #[inline]
     pub(crate) fn has(&self, hook: HookPoint) -> bool {
-        !self.lists[hook as usize].is_empty()
+        self.entries.iter().any(|e| e.may_override(hook))
     }
 
-    /// The middleware called at `hook`, in the order to call them.
+    /// The middleware that may run at `hook`, in the order to call them
+    /// (reversed for the hooks that see what comes back).
     #[inline]
     pub(crate) fn at(&self, hook: HookPoint) -> impl Iterator<Item = &Entry> {
-        self.lists[hook as usize]
-            .iter()
-            .map(|&i| &self.entries[i as usize])
+        let n = self.entries.len();
+        let reversed = hook.is_reversed();
+        (0..n)
+            .map(move |i| &self.entries[if reversed { n - 1 - i } else { i }])
+            .filter(move |e| e.may_override(hook))
     }
 
-    /// Whether the model call needs this stack: wrap middleware or delta hooks.
-    pub(crate) fn wraps_model(&self) -> bool {
-        !self.model.is_empty() || self.has(HookPoint::OnModelDelta)
+    /// Whether a model call needs this stack: wrap hooks, or delta hooks
+    /// when the call `streams`.
+    pub(crate) fn wraps_model(&self, streams: bool) -> bool {
+        self.entries.iter().any(|e| {
+            e.may_override(HookPoint::WrapModel)
+                || (streams && e.may_override(HookPoint::OnModelDelta))
+        })
     }
 
     /// Whether the tool call needs this stack.
     pub(crate) fn wraps_tool(&self) -> bool {
-        !self.tool.is_empty() || self.has(HookPoint::OnToolDelta)
+        self.entries
+            .iter()
+            .any(|e| e.may_override(HookPoint::WrapTool) || e.may_override(HookPoint::OnToolDelta))
     }
 }
 
-impl fmt::Debug for Stack {
+impl fmt::Debug for CompiledStack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Stack")
-            .field(
-                "lifecycle",
-                &self.entries.iter().map(|e| &*e.name).collect::<Vec<_>>(),
-            )
-            .field(
-                "model",
-                &self.model.iter().map(|l| &*l.name).collect::<Vec<_>>(),
-            )
-            .field(
-                "tool",
-                &self.tool.iter().map(|l| &*l.name).collect::<Vec<_>>(),
-            )
+        f.debug_list()
+            .entries(self.entries.iter().map(|e| &*e.name))
             .finish()
     }
 }

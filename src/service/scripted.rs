@@ -82,7 +82,8 @@ impl ScriptedTurn {
         self
     }
 
-    /// Waits `delay` before answering (on tokio's clock).
+    /// Waits `delay` before answering (on tokio's clock); zero waits not at
+    /// all.
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
         self
@@ -173,7 +174,8 @@ impl ScriptedModel {
         self
     }
 
-    /// Waits `latency` before every answer (on tokio's clock).
+    /// Waits `latency` before every answer (on tokio's clock);
+    /// `Duration::ZERO` waits not at all, with no timer.
     ///
     /// # Panics
     ///
@@ -263,10 +265,12 @@ impl Service<ModelCall> for ScriptedModel {
             let turn = this.next_turn(&request).ok_or_else(|| {
                 ProviderError::new(ErrorKind::InvalidRequest, "the script has no more turns")
             })?;
-            if let Some(latency) = this.inner.latency {
+            // Zero means no wait at all: tokio's timer would still round a
+            // zero sleep up to its next millisecond tick.
+            if let Some(latency) = this.inner.latency.filter(|d| !d.is_zero()) {
                 tokio::time::sleep(latency).await;
             }
-            if let Some(delay) = turn.delay {
+            if let Some(delay) = turn.delay.filter(|d| !d.is_zero()) {
                 tokio::time::sleep(delay).await;
             }
             let mut message = match turn.answer {

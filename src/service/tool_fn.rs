@@ -238,19 +238,13 @@ impl Service<ToolInvocation> for FnTool {
             Handler::Sync { f, blocking: true } => {
                 let f = f.clone();
                 Box::pin(async move {
-                    tokio::task::spawn_blocking(move || f(args, context))
-                        .await
-                        .map_err(|e| -> BoxError {
-                            if e.is_panic() {
-                                format!(
-                                    "the tool panicked: {}",
-                                    crate::service::agent::panic_message(&*e.into_panic())
-                                )
-                                .into()
-                            } else {
-                                Box::new(e)
-                            }
-                        })?
+                    match tokio::task::spawn_blocking(move || f(args, context)).await {
+                        Ok(result) => result,
+                        // The panic goes on in the caller, as an inline
+                        // tool's would: the run turns it into a result.
+                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                        Err(e) => Err(Box::new(e) as BoxError),
+                    }
                 })
             }
         }

@@ -17,6 +17,7 @@
 //! assert_eq!(back, transcript);
 //! ```
 
+mod cost;
 mod history;
 mod message;
 mod model;
@@ -24,6 +25,7 @@ mod model_name;
 mod run;
 mod usage;
 
+pub use cost::{Amount, Cost, Decimal, Price, PriceTable};
 pub use history::History;
 pub use message::{ContentPart, ImageUrl, Message, MessageContent, Role, ToolCall};
 pub use model::{

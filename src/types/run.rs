@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{History, Message, ToolCall, Usage};
+use super::{Cost, History, Message, ToolCall, Usage};
 
 /// The result of a run: what it said, what it cost and how it ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,6 +26,10 @@ pub struct AgentRun {
     pub usage: Usage,
     /// The usage of this run and every run nested in it.
     pub usage_total: Usage,
+    /// The priced cost of this run and every run nested in it, when the run
+    /// has a price table (a budget layer sets one).
+    #[serde(default)]
+    pub cost: Option<Cost>,
     /// How much the run did.
     pub counters: Counters,
     /// How it ended.

@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::context::RunContext;
 use crate::error::BoxError;
+use crate::lifecycle::edit_watch::{watch, EditWatch};
 use crate::lifecycle::{ModelMiddleware, ModelNext};
 use crate::request::ModelCall;
 use crate::types::{History, Message, ModelResponse};
@@ -37,21 +38,22 @@ struct RunLog {
 pub(crate) struct EditLog(Arc<Mutex<RunLog>>);
 
 impl EditLog {
-    /// The run's log, if a guard asked for one.
-    pub(crate) fn of(ctx: &RunContext) -> Option<EditLog> {
-        ctx.with_state(|s| s.get::<EditLog>().cloned())
-    }
-
+    /// The run's log, installed as the run's edit watcher.
     fn install(ctx: &RunContext) -> EditLog {
-        ctx.with_state(|s| s.get_or_insert_with(EditLog::default).clone())
+        let log = ctx.with_state(|s| s.get_or_insert_with(EditLog::default).clone());
+        let watching = log.clone();
+        watch(ctx, move || Arc::new(watching));
+        log
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, RunLog> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
 
+impl EditWatch for EditLog {
     /// Records `by`'s change, if it changed anything.
-    pub(crate) fn record(&self, by: &Arc<str>, before: History, after: &History) {
+    fn record(&self, by: &Arc<str>, before: History, after: &History) {
         if History::ptr_eq(&before, after) {
             return;
         }

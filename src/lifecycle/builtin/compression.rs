@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::context::RunContext;
 use crate::error::BoxError;
 use crate::hooks::Compaction;
-use crate::lifecycle::{Hook, HookSet, Middleware};
+use crate::lifecycle::{Hook, Middleware};
 use crate::types::{History, Message, Role};
 
 const SUMMARY_HEADER: &str = "Summary of the earlier conversation:";
@@ -193,11 +193,8 @@ impl ContextCompressionMiddleware {
         let Some((lead, cut)) = self.plan(messages) else {
             return Ok(());
         };
-        let hooks = ctx.hooks();
-        if let Some(hooks) = &hooks {
-            if !hooks.before_compaction(ctx, messages).await? {
-                return Ok(());
-            }
+        if !crate::hooks::before_compaction(ctx, messages).await? {
+            return Ok(());
         }
         let (kept_system, older): (Vec<Message>, Vec<Message>) = messages[lead..cut]
             .iter()
@@ -226,15 +223,13 @@ impl ContextCompressionMiddleware {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(record);
-        if let Some(hooks) = &hooks {
-            let compaction = Compaction {
-                by: Middleware::name(self).to_owned(),
-                messages_before: before,
-                messages_after: messages.len(),
-                summary: Some(summary),
-            };
-            hooks.after_compaction(ctx, &compaction).await?;
-        }
+        let compaction = Compaction {
+            by: Middleware::name(self).to_owned(),
+            messages_before: before,
+            messages_after: messages.len(),
+            summary: Some(summary),
+        };
+        crate::hooks::after_compaction(ctx, &compaction).await?;
         Ok(())
     }
 }
@@ -251,10 +246,6 @@ impl fmt::Debug for ContextCompressionMiddleware {
 impl Middleware for ContextCompressionMiddleware {
     fn name(&self) -> &str {
         "context-compression"
-    }
-
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_MODEL
     }
 
     fn before_model<'a>(&'a self, ctx: &'a RunContext, messages: &'a mut History) -> Hook<'a, ()> {

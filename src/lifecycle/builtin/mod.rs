@@ -34,10 +34,10 @@
 
 mod cache_guard;
 mod compression;
+pub mod limits;
 mod trim;
 mod usage;
 
-pub(crate) use cache_guard::EditLog;
 pub use cache_guard::{CacheLayoutEvent, PromptCacheGuardMiddleware};
 pub use compression::{
     ConcatSummarizer, ContextCompressionMiddleware, SummarizationPolicy, Summarizer, SummaryRecord,

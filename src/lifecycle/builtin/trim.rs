@@ -4,7 +4,7 @@ use futures::future::BoxFuture;
 
 use crate::context::RunContext;
 use crate::error::BoxError;
-use crate::lifecycle::{Hook, HookSet, Middleware, ModelMiddleware, ModelNext};
+use crate::lifecycle::{Hook, Middleware, ModelMiddleware, ModelNext};
 use crate::request::ModelCall;
 use crate::types::{History, Message, ModelResponse, Role};
 
@@ -105,10 +105,6 @@ impl MessageTrimMiddleware {
 impl Middleware for MessageTrimMiddleware {
     fn name(&self) -> &str {
         "message-trim"
-    }
-
-    fn hooks(&self) -> HookSet {
-        HookSet::BEFORE_MODEL
     }
 
     fn before_model<'a>(&'a self, _: &'a RunContext, messages: &'a mut History) -> Hook<'a, ()> {

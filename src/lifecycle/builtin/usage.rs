@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::context::RunContext;
-use crate::lifecycle::{FailPolicy, Hook, HookSet, Middleware};
+use crate::lifecycle::{FailPolicy, Hook, Middleware};
 use crate::types::{ModelResponse, Usage};
 
 /// What a [`UsageAccountingMiddleware`] counted.
@@ -78,10 +78,6 @@ impl fmt::Debug for UsageAccountingMiddleware {
 impl Middleware for UsageAccountingMiddleware {
     fn name(&self) -> &str {
         "usage-accounting"
-    }
-
-    fn hooks(&self) -> HookSet {
-        HookSet::AFTER_MODEL
     }
 
     fn fail_policy(&self) -> FailPolicy {

@@ -1,7 +1,11 @@
 //! The [`Agent`]: the run loop as a `Service<RunRequest>`.
 
+mod ext;
+mod limits;
+mod observe;
 mod output;
 mod run;
+mod state;
 mod tools;
 
 use std::collections::HashMap;
@@ -14,16 +18,20 @@ use std::task::{Context, Poll};
 use futures::future::BoxFuture;
 use schemars::JsonSchema;
 use serde_json::Value;
+use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceExt};
 
-use super::{box_model, box_tool, BoxModel, BoxTool, ToolRouter};
+use super::{box_model, box_tool, BoxModel, BoxTool, ToolDef, ToolRouter};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
+use crate::hooks::AgentMiddleware;
 use crate::request::{ModelCall, RunRequest, ToolInvocation, ToolOutput};
 use crate::types::{
     AgentRun, ApprovalDecision, ModelName, ModelResponse, ModelSettings, ToolCall, ToolSpec,
 };
 
+pub use ext::{AgentExt, RunFuture};
+use limits::ToolLimits;
 pub(crate) use output::OutputSchema;
 
 /// Decides a call that asks for approval when no hook did: the person in the
@@ -50,6 +58,7 @@ pub(crate) struct Config {
     pub(crate) settings: ModelSettings,
     pub(crate) output: Option<OutputSchema>,
     pub(crate) approver: Option<Arc<Approver>>,
+    pub(crate) limits: ToolLimits,
 }
 
 /// An agent: instructions, a model service, tools and limits, run as a
@@ -89,6 +98,8 @@ pub(crate) struct Config {
 #[derive(Clone)]
 pub struct Agent {
     config: Arc<Config>,
+    /// What `.middleware(..)` set: the agent brackets each run with it.
+    middleware: Option<AgentMiddleware>,
 }
 
 impl Agent {
@@ -107,6 +118,8 @@ impl Agent {
             output: None,
             output_retries: 2,
             approver: None,
+            middleware: None,
+            limits: ToolLimits::default(),
         }
     }
 
@@ -127,6 +140,17 @@ impl Agent {
     /// See [`AgentError`].
     pub async fn run(&self, input: impl Into<String>) -> Result<AgentRun, AgentError> {
         self.clone().oneshot(RunRequest::new(input)).await
+    }
+
+    /// Runs `request`: its input, history, context and stream.
+    ///
+    /// A layered agent has the same verbs through [`AgentExt`].
+    ///
+    /// # Errors
+    ///
+    /// See [`AgentError`].
+    pub async fn run_with(&self, request: RunRequest) -> Result<AgentRun, AgentError> {
+        self.clone().oneshot(request).await
     }
 }
 
@@ -179,9 +203,17 @@ impl Service<RunRequest> for Agent {
     }
 
     fn call(&mut self, request: RunRequest) -> AgentFuture {
-        AgentFuture {
-            inner: Box::pin(run::run(self.config.clone(), request)),
-        }
+        let inner = match &self.middleware {
+            None => Box::pin(run::run(self.config.clone(), request)),
+            Some(middleware) => {
+                let bare = Agent {
+                    config: self.config.clone(),
+                    middleware: None,
+                };
+                middleware.run(request, BoxCloneSyncService::new(bare.map_err(Into::into)))
+            }
+        };
+        AgentFuture { inner }
     }
 }
 
@@ -201,6 +233,8 @@ pub struct AgentBuilder {
     output: Option<Value>,
     output_retries: u32,
     approver: Option<Arc<Approver>>,
+    middleware: Option<AgentMiddleware>,
+    limits: ToolLimits,
 }
 
 impl fmt::Debug for AgentBuilder {
@@ -239,9 +273,42 @@ impl AgentBuilder {
         self
     }
 
-    /// The tools.
+    /// The tools (replacing any added before).
     pub fn tools(mut self, tools: ToolRouter) -> Self {
         self.tools = tools;
+        self
+    }
+
+    /// Adds one tool, replacing one of the same name: a function tool
+    /// ([`tool_fn`](crate::tool_fn), [`tool_sync`](crate::tool_sync)), an
+    /// [`AgentTool`](crate::AgentTool) or any [`ToolDef`].
+    pub fn tool(mut self, tool: impl Into<ToolDef>) -> Self {
+        self.tools = self.tools.tool(tool);
+        self
+    }
+
+    /// The most bytes of arguments a tool call may send (default 1 MiB).
+    /// A call with more is not made: the model reads an error result that
+    /// gives the size and the limit.
+    pub fn max_tool_argument_bytes(mut self, bytes: usize) -> Self {
+        self.limits.max_argument_bytes = bytes;
+        self
+    }
+
+    /// The most bytes of a tool result written into the conversation
+    /// (default 256 KiB). A longer result is cut at a character boundary and
+    /// followed by a note saying how many bytes were left out. Hooks and
+    /// events see the whole result.
+    pub fn max_tool_result_bytes(mut self, bytes: usize) -> Self {
+        self.limits.max_result_bytes = bytes;
+        self
+    }
+
+    /// Whether the model reads a tool's panic message (default `false`: it
+    /// reads that the tool failed, named; the message goes to the
+    /// `ToolCallCompleted` event and the trace).
+    pub fn show_tool_panics(mut self, show: bool) -> Self {
+        self.limits.show_panics = show;
         self
     }
 
@@ -304,6 +371,21 @@ impl AgentBuilder {
         self
     }
 
+    /// Runs `middleware` (a [`Middleware`](crate::lifecycle::Middleware) or
+    /// a [`MiddlewareStack`](crate::lifecycle::MiddlewareStack)) in each of
+    /// the agent's runs, as a [`LifecycleLayer`](crate::lifecycle::LifecycleLayer)
+    /// around it would: its placement is the agent's. Called again, the new
+    /// middleware go inside the earlier ones. The agent keeps its own
+    /// `run`, and its nested runs see these hooks.
+    pub fn middleware(mut self, middleware: impl Into<AgentMiddleware>) -> Self {
+        let middleware = middleware.into();
+        self.middleware = Some(match self.middleware.take() {
+            Some(outer) => outer.then(middleware),
+            None => middleware,
+        });
+        self
+    }
+
     /// Who decides calls that ask for approval when no hook did.
     pub fn approver<F, Fut>(mut self, approver: F) -> Self
     where
@@ -318,14 +400,19 @@ impl AgentBuilder {
     ///
     /// # Errors
     ///
-    /// [`AgentError::Config`] without a model, with `max_turns` of 0, or
-    /// with a response schema that does not compile.
+    /// [`AgentError::Config`] without a model, with `max_turns` of 0, with a
+    /// tool size limit of 0, or with a response schema that does not compile.
     pub fn build(self) -> Result<Agent, AgentError> {
         let model = self
             .model
             .ok_or_else(|| AgentError::Config(format!("agent `{}` has no model", self.name)))?;
         if self.max_turns == 0 {
             return Err(AgentError::Config("max_turns must be at least 1".into()));
+        }
+        if self.limits.max_argument_bytes == 0 || self.limits.max_result_bytes == 0 {
+            return Err(AgentError::Config(
+                "max_tool_argument_bytes and max_tool_result_bytes must be at least 1".into(),
+            ));
         }
         let mut settings = self.settings;
         let output = match self.output {
@@ -369,18 +456,9 @@ impl AgentBuilder {
                 settings,
                 output,
                 approver: self.approver,
+                limits: self.limits,
             }),
+            middleware: self.middleware,
         })
-    }
-}
-
-/// The text of a panic's payload.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_owned()
     }
 }

@@ -1,68 +1,39 @@
 //! The run loop: model → tool calls → model … until a final answer.
 
-use std::future::Future;
 use std::sync::Arc;
 
-use tokio::time::Instant;
 use tower::ServiceExt;
-use tracing::{field, Instrument};
+use tracing::Instrument;
 
+use super::observe::{ModelCallObserver, RunObserver};
+use super::state::{classify, race, Run};
 use super::tools::Step;
 use super::Config;
-use crate::context::RunContext;
-use crate::error::{AgentError, BoxError, TimeoutSource};
-use crate::event::AgentEvent;
-use crate::hooks::{RunHooks, RunOutcome, RunStart};
+use crate::error::AgentError;
+use crate::hooks::{installed, RunOutcome, RunStart};
 use crate::request::{DeltaSink, ModelCall, RunInput, RunRequest};
 use crate::types::{
-    AgentRun, Checkpoint, Counters, History, Message, ModelDelta, ModelRequest, ModelResponse,
-    Role, RunStatus, StopReason,
+    AgentRun, Checkpoint, History, Message, ModelDelta, ModelRequest, ModelResponse, Role,
+    RunStatus, StopReason,
 };
-
-/// One run in progress.
-pub(super) struct Run {
-    pub(super) config: Arc<Config>,
-    pub(super) ctx: RunContext,
-    pub(super) hooks: Option<Arc<dyn RunHooks>>,
-    pub(super) messages: History,
-    /// Context added for this run only; left out of the transcript.
-    ephemeral: Vec<Message>,
-    stream: Option<DeltaSink>,
-    extensions: http::Extensions,
-    pub(super) counters: Counters,
-    output_attempts: u32,
-    continuations: u32,
-}
 
 pub(super) async fn run(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, AgentError> {
     let ctx = request.context.clone();
     ctx.set_agent_name(&config.name);
-    let span = tracing::info_span!(
-        "invoke_agent",
-        "gen_ai.operation.name" = "invoke_agent",
-        "gen_ai.agent.name" = %config.name,
-        "gen_ai.conversation.id" = ctx.thread_id(),
-        run_id = %ctx.run_id(),
-    );
-    let result = execute(config, request).instrument(span).await;
-    if let Err(err) = &result {
-        ctx.emit(|| AgentEvent::RunCompleted {
-            run_id: ctx.run_id().clone(),
-            status: "failed",
-            usage: ctx.usage(),
-            error: Some(err.code()),
-        });
-    }
+    let observer = RunObserver::open(&ctx, &config.name);
+    let span = observer.span().clone();
+    let result = execute(config.clone(), request).instrument(span).await;
+    observer.close(&result);
     // A lifecycle layer that brackets the run closes it itself, with the
     // result its caller gets; otherwise (a nested run that inherited its
     // parent's hooks) the loop does. Errors of these hooks cannot change the
     // result: the stack logs them.
     if !ctx.is_bracketed() {
-        if let Some(hooks) = ctx.hooks() {
+        if let Some(hooks) = installed(&ctx) {
             if let Err(err) = &result {
                 let _ = hooks.on_error(&ctx, err).await;
             }
-            let _ = hooks.end_run(&ctx, RunOutcome::of(&result)).await;
+            let _ = hooks.after_agent(&ctx, RunOutcome::of(&result)).await;
         }
     }
     result
@@ -76,27 +47,11 @@ async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, A
         stream,
         extensions,
     } = request;
-    let hooks = ctx.hooks();
+    let hooks = installed(&ctx);
     let has_history = !history.is_empty();
     let resumed = matches!(input, RunInput::Resume { .. });
-    let mut run = Run {
-        config,
-        ctx,
-        hooks,
-        messages: History::new(),
-        ephemeral: Vec::new(),
-        stream,
-        extensions,
-        counters: Counters::default(),
-        output_attempts: 0,
-        continuations: 0,
-    };
-    run.ctx.emit(|| AgentEvent::RunStarted {
-        run_id: run.ctx.run_id().clone(),
-        parent_run_id: run.ctx.parent_run_id().cloned(),
-        agent: run.config.name.clone(),
-    });
-    // `start_run` (before_agent) comes first, before the input guard.
+    let mut run = Run::new(config, ctx, hooks, stream, extensions);
+    // `before_agent` comes first, before the input guard.
     let start_context = run.start_hooks(resumed, has_history).await?;
     let resume = match input {
         RunInput::Message(input) => {
@@ -120,30 +75,10 @@ async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, A
             .collect();
         let completed = checkpoint.completed.clone();
         if let Step::Paused(checkpoint) = run.tool_step(calls, &decisions, true, completed).await? {
-            return Ok(run.finish(RunStatus::Paused(checkpoint), String::new(), None));
+            return Ok(run.snapshot(RunStatus::Paused(checkpoint), String::new(), None));
         }
     }
     run.turns().await
-}
-
-/// Races `fut` against the run's cancellation and deadline.
-pub(super) async fn race<F: Future>(ctx: &RunContext, fut: F) -> Result<F::Output, AgentError> {
-    async fn until(deadline: Option<Instant>) {
-        match deadline {
-            Some(deadline) => tokio::time::sleep_until(deadline).await,
-            None => std::future::pending().await,
-        }
-    }
-    tokio::select! {
-        biased;
-        () = ctx.cancelled() => Err(AgentError::Cancelled),
-        () = until(ctx.deadline()) => Err(AgentError::Timeout { timer: TimeoutSource::RunDeadline, after: Some(ctx.elapsed()) }),
-        out = fut => Ok(out),
-    }
-}
-
-pub(super) fn classify(err: BoxError) -> AgentError {
-    AgentError::classify(err)
 }
 
 impl Run {
@@ -193,7 +128,7 @@ impl Run {
         Ok(())
     }
 
-    /// `start_run`: context after the system prompt, for this run only. A
+    /// `before_agent`: context after the system prompt, for this run only. A
     /// run a lifecycle layer brackets gets what the layer's `before_agent`
     /// hooks added instead.
     async fn start_hooks(
@@ -211,10 +146,10 @@ impl Run {
             resumed,
             has_history,
         };
-        hooks.start_run(&self.ctx, start).await.map_err(classify)
+        hooks.before_agent(&self.ctx, start).await.map_err(classify)
     }
 
-    /// Puts the `start_run` context right after the system prompt.
+    /// Puts the `before_agent` context right after the system prompt.
     fn add_start_context(&mut self, texts: Vec<String>) {
         if texts.is_empty() {
             return;
@@ -235,7 +170,7 @@ impl Run {
         let max_turns = self.config.max_turns;
         loop {
             if let Some(stop) = self.ctx.stop_requested() {
-                return Ok(self.finish(RunStatus::Stopped(stop), String::new(), None));
+                return Ok(self.snapshot(RunStatus::Stopped(stop), String::new(), None));
             }
             if self.ctx.is_cancelled() {
                 return Err(AgentError::Cancelled);
@@ -317,12 +252,12 @@ impl Run {
                         }
                     },
                 };
-                return Ok(self.finish(RunStatus::Completed, text, structured));
+                return Ok(self.snapshot(RunStatus::Completed, text, structured));
             }
 
             self.continuations = 0;
             if let Step::Paused(checkpoint) = self.tool_step(calls, &[], false, Vec::new()).await? {
-                return Ok(self.finish(RunStatus::Paused(checkpoint), String::new(), None));
+                return Ok(self.snapshot(RunStatus::Paused(checkpoint), String::new(), None));
             }
         }
     }
@@ -348,40 +283,19 @@ impl Run {
             context: ctx.clone(),
             extensions: self.extensions.clone(),
         };
-        ctx.emit(|| AgentEvent::ModelCallStarted {
-            run_id: ctx.run_id().clone(),
-            iteration: turn,
-            model: config.model_name.to_string(),
-        });
-        let span = tracing::info_span!(
-            "chat",
-            "gen_ai.operation.name" = "chat",
-            "gen_ai.agent.name" = %config.name,
-            "gen_ai.request.model" = %config.model_name,
-            "gen_ai.response.model" = field::Empty,
-            "gen_ai.usage.input_tokens" = field::Empty,
-            "gen_ai.usage.output_tokens" = field::Empty,
-            "gen_ai.response.finish_reasons" = field::Empty,
-        );
+        let observer = ModelCallObserver::open(ctx, &config.name, &config.model_name, turn);
         let fut: crate::hooks::HookFuture<'_, ModelResponse> = match &self.hooks {
-            Some(hooks) => hooks.call_model(call, config.model.clone()),
+            Some(hooks) => hooks.wrap_model(call, config.model.clone()),
             None => crate::hooks::HookFuture::new(config.model.clone().oneshot(call)),
         };
-        let result = race(ctx, fut.instrument(span.clone()))
+        let result = race(ctx, fut.instrument(observer.span().clone()))
             .await
             .and_then(|r| r.map_err(classify));
         self.counters.model_calls += 1;
         let mut response = match result {
             Ok(response) => response,
             Err(err) => {
-                ctx.emit(|| AgentEvent::ModelCallCompleted {
-                    run_id: ctx.run_id().clone(),
-                    iteration: turn,
-                    model: config.model_name.to_string(),
-                    usage: Default::default(),
-                    finish_reason: None,
-                    error: Some(err.code()),
-                });
+                observer.failed(&err);
                 return Err(err);
             }
         };
@@ -389,27 +303,18 @@ impl Run {
             ctx.record_usage(&response.model, response.usage);
             response.usage_recorded = true;
         }
-        span.record("gen_ai.response.model", response.model.as_str());
-        span.record("gen_ai.usage.input_tokens", response.usage.input_tokens);
-        span.record("gen_ai.usage.output_tokens", response.usage.output_tokens);
-        span.record(
-            "gen_ai.response.finish_reasons",
-            field::debug(&response.finish_reason),
-        );
+        observer.record(&response);
         if let Some(hooks) = &self.hooks {
-            hooks
+            if let Err(err) = hooks
                 .after_model(ctx, &mut response)
                 .await
-                .map_err(classify)?;
+                .map_err(classify)
+            {
+                observer.failed(&err);
+                return Err(err);
+            }
         }
-        ctx.emit(|| AgentEvent::ModelCallCompleted {
-            run_id: ctx.run_id().clone(),
-            iteration: turn,
-            model: response.model.to_string(),
-            usage: response.usage,
-            finish_reason: Some(response.finish_reason.clone()),
-            error: None,
-        });
+        observer.completed(&response);
         if hold {
             if let Some(sink) = &self.stream {
                 let text = response.message.text();
@@ -419,75 +324,5 @@ impl Run {
             }
         }
         Ok(response)
-    }
-
-    /// The conversation without the context added for this run only: shared
-    /// with the run's history (O(1)) unless there is such context.
-    pub(super) fn transcript(&self) -> History {
-        if self.ephemeral.is_empty() {
-            return self.messages.clone();
-        }
-        let mut messages = self.messages.to_vec();
-        for ephemeral in &self.ephemeral {
-            if let Some(at) = messages.iter().position(|m| m == ephemeral) {
-                messages.remove(at);
-            }
-        }
-        History::from(messages)
-    }
-
-    pub(super) fn checkpoint(
-        &self,
-        completed: Vec<(usize, Message)>,
-        pending: Vec<crate::types::PendingCall>,
-    ) -> Checkpoint {
-        Checkpoint {
-            agent: self.config.name.to_string(),
-            run_id: self.ctx.run_id().to_string(),
-            thread_id: self.ctx.thread_id().map(str::to_owned),
-            messages: self.transcript().into_vec(),
-            completed,
-            pending,
-            iteration: self.ctx.iteration(),
-            usage: self.ctx.usage(),
-            usage_total: self.ctx.total_usage(),
-            counters: self.counters,
-            output_attempts: self.output_attempts,
-        }
-    }
-
-    fn snapshot(
-        &self,
-        status: RunStatus,
-        output: String,
-        structured: Option<serde_json::Value>,
-    ) -> AgentRun {
-        AgentRun {
-            run_id: self.ctx.run_id().clone(),
-            agent: self.config.name.clone(),
-            messages: self.transcript(),
-            output,
-            structured,
-            usage: self.ctx.usage(),
-            usage_total: self.ctx.total_usage(),
-            counters: self.counters,
-            status,
-        }
-    }
-
-    fn finish(
-        &self,
-        status: RunStatus,
-        output: String,
-        structured: Option<serde_json::Value>,
-    ) -> AgentRun {
-        let run = self.snapshot(status, output, structured);
-        self.ctx.emit(|| AgentEvent::RunCompleted {
-            run_id: run.run_id.clone(),
-            status: run.status.as_str(),
-            usage: run.usage,
-            error: None,
-        });
-        run
     }
 }

@@ -7,12 +7,13 @@ use futures::FutureExt;
 use tower::ServiceExt;
 use tracing::Instrument;
 
-use super::run::{classify, race, Run};
-use super::{panic_message, ToolFlags};
-use crate::error::{AgentError, ErrorKind};
+use super::observe::ToolCallObserver;
+use super::state::{classify, race, Run};
+use super::ToolFlags;
+use crate::error::{attribute_tripwire, panic_message, AgentError};
 use crate::event::AgentEvent;
 use crate::hooks::{HookFuture, Notification, ToolCallResult, ToolDecision, ToolVerdict};
-use crate::request::{ToolInvocation, ToolOutput};
+use crate::request::{tool_failure, ToolInvocation, ToolOutput};
 use crate::types::{arguments_hash, ApprovalDecision, Checkpoint, Message, PendingCall, ToolCall};
 
 /// How a step ended.
@@ -85,10 +86,8 @@ impl Run {
                     ran,
                 } => {
                     self.counters.tool_calls += u32::from(ran);
-                    completed.push((
-                        index,
-                        Message::tool(call.id.as_str(), output.content.as_str()),
-                    ));
+                    let content = self.config.limits.cap_result(&output.content);
+                    completed.push((index, Message::tool(call.id.as_str(), content)));
                     results.push(ToolCallResult { call, output });
                 }
                 Outcome::Deferred(call) => pending.push(call),
@@ -142,6 +141,19 @@ impl Run {
         resumed: bool,
     ) -> Result<Outcome, AgentError> {
         let ctx = &self.ctx;
+        if let Some(refusal) = self
+            .config
+            .limits
+            .check_arguments(&call.name, &call.arguments)
+        {
+            self.log_decision(&call, "deny", "agent");
+            return Ok(Outcome::Done {
+                index,
+                call,
+                output: ToolOutput::error(refusal),
+                ran: false,
+            });
+        }
         let verdict = match &self.hooks {
             Some(hooks) => hooks
                 .before_tool(ctx, &call, resumed)
@@ -210,53 +222,63 @@ impl Run {
         })
     }
 
-    /// Sends the call down the tool stack; a failure the model should read
-    /// becomes an error result.
+    /// Sends the call down the tool stack, bracketed by its events.
     async fn invoke(
         &self,
         call: ToolCall,
         approved: bool,
         flags: ToolFlags,
     ) -> Result<ToolOutput, AgentError> {
+        let observer = ToolCallObserver::open(&self.ctx, &self.config.name, &call);
+        match self.dispatch(&call, approved, flags, observer.span()).await {
+            Ok((output, panic)) => {
+                observer.completed(&output, panic);
+                Ok(output)
+            }
+            Err(err) => {
+                observer.failed(&err);
+                Err(err)
+            }
+        }
+    }
+
+    /// Sends the call down the tool stack; a failure the model should read
+    /// becomes an error result. A panic becomes one too, and comes back
+    /// beside it for the event and the trace.
+    async fn dispatch(
+        &self,
+        call: &ToolCall,
+        approved: bool,
+        flags: ToolFlags,
+        span: &tracing::Span,
+    ) -> Result<(ToolOutput, Option<String>), AgentError> {
         let ctx = &self.ctx;
         let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
         invocation.approved = approved;
         invocation.idempotent = flags.idempotent;
-        ctx.emit(|| AgentEvent::ToolCallStarted {
-            run_id: ctx.run_id().clone(),
-            call_id: call.id.clone(),
-            tool: call.name.clone(),
-        });
-        let span = tracing::info_span!(
-            "execute_tool",
-            "gen_ai.operation.name" = "execute_tool",
-            "gen_ai.tool.name" = %call.name,
-            "gen_ai.tool.call.id" = %call.id,
-            "gen_ai.agent.name" = %self.config.name,
-        );
         let tools = self.config.tools.clone();
         let fut: HookFuture<'_, ToolOutput> = match &self.hooks {
-            Some(hooks) => hooks.call_tool(invocation, tools),
+            Some(hooks) => hooks.wrap_tool(invocation, tools),
             None => HookFuture::new(tools.oneshot(invocation)),
         };
-        let result = race(ctx, AssertUnwindSafe(fut.instrument(span)).catch_unwind()).await?;
+        let result = race(
+            ctx,
+            AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind(),
+        )
+        .await?;
+        let mut panicked = None;
         let mut output = match result {
-            Err(panic) => ToolOutput::error(format!(
-                "The tool `{}` panicked: {}",
-                call.name,
-                panic_message(&*panic)
-            )),
+            Err(panic) => {
+                let message = panic_message(&*panic);
+                let output = ToolOutput::error(self.config.limits.panic_text(&call.name, &message));
+                panicked = Some(message);
+                output
+            }
             Ok(Ok(output)) => output,
             Ok(Err(err)) => {
-                let err = attribute_tool_tripwire(classify(err), &call.name);
-                match err.kind() {
-                    ErrorKind::Tripwire
-                    | ErrorKind::Cancelled
-                    | ErrorKind::Middleware
-                    | ErrorKind::Approval
-                    | ErrorKind::HistoryIntegrity => return Err(err),
-                    _ => ToolOutput::error(format!("The tool `{}` failed: {err}", call.name)),
-                }
+                let tool = format!("tool:{}", call.name);
+                let err = attribute_tripwire(classify(err), &tool, "call_tool");
+                tool_failure(ctx, &call.name, err)?
             }
         };
         if ctx.stop_requested().is_some() {
@@ -264,17 +286,11 @@ impl Run {
         }
         if let Some(hooks) = &self.hooks {
             hooks
-                .after_tool(ctx, &call, &mut output)
+                .after_tool(ctx, call, &mut output)
                 .await
                 .map_err(classify)?;
         }
-        ctx.emit(|| AgentEvent::ToolCallCompleted {
-            run_id: ctx.run_id().clone(),
-            call_id: call.id.clone(),
-            tool: call.name.clone(),
-            is_error: output.is_error,
-        });
-        Ok(output)
+        Ok((output, panicked))
     }
 
     /// A call asks for approval: the hooks decide, then the approver; if
@@ -346,29 +362,6 @@ impl Run {
             decision,
             decided_by: by.to_owned(),
         });
-    }
-}
-
-/// A tripwire a tool raised itself names the tool, unless a middleware
-/// already named itself.
-fn attribute_tool_tripwire(err: AgentError, tool: &str) -> AgentError {
-    match err {
-        AgentError::Tripwire {
-            middleware,
-            hook,
-            reason,
-            info,
-        } if middleware.is_empty() => AgentError::Tripwire {
-            middleware: format!("tool:{tool}"),
-            hook: if hook.is_empty() {
-                "call_tool".into()
-            } else {
-                hook
-            },
-            reason,
-            info,
-        },
-        other => other,
     }
 }
 

@@ -1,5 +1,5 @@
-//! [`WrapModelLayer`] and [`WrapToolLayer`]: a wrap middleware as a tower
-//! layer over any model or tool service.
+//! [`WrapModelLayer`] and [`WrapToolLayer`]: a wrap-only middleware as a
+//! tower layer over any model or tool service.
 
 use std::fmt;
 use std::sync::Arc;
@@ -7,8 +7,9 @@ use std::sync::Arc;
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 
-use super::wrap::{guarded, ModelLink, Next, ToolLink, Wrap, WrapRequest};
-use super::{ModelMiddleware, ToolMiddleware};
+use super::next::guarded;
+use super::wrap::WrapRequest;
+use super::{ModelMiddleware, ModelNext, Next, ToolMiddleware, ToolNext};
 use crate::error::BoxError;
 use crate::request::{ModelCall, ToolInvocation};
 
@@ -52,7 +53,7 @@ use crate::request::{ModelCall, ToolInvocation};
 #[derive(Clone)]
 pub struct WrapModelLayer {
     name: Arc<str>,
-    link: Arc<ModelLink>,
+    link: Arc<dyn ModelMiddleware>,
 }
 
 impl WrapModelLayer {
@@ -61,7 +62,7 @@ impl WrapModelLayer {
         let middleware: Arc<dyn ModelMiddleware> = Arc::new(middleware);
         Self {
             name: Arc::from(middleware.name()),
-            link: Arc::new(ModelLink(middleware)),
+            link: middleware,
         }
     }
 }
@@ -79,7 +80,7 @@ impl fmt::Debug for WrapModelLayer {
 #[derive(Clone)]
 pub struct WrapToolLayer {
     name: Arc<str>,
-    link: Arc<ToolLink>,
+    link: Arc<dyn ToolMiddleware>,
 }
 
 impl WrapToolLayer {
@@ -88,7 +89,7 @@ impl WrapToolLayer {
         let middleware: Arc<dyn ToolMiddleware> = Arc::new(middleware);
         Self {
             name: Arc::from(middleware.name()),
-            link: Arc::new(ToolLink(middleware)),
+            link: middleware,
         }
     }
 }
@@ -102,13 +103,13 @@ impl fmt::Debug for WrapToolLayer {
 }
 
 macro_rules! wrap_service {
-    ($layer:ident, $service:ident, $link:ident, $req:ty, $doc:literal) => {
+    ($layer:ident, $service:ident, $link:ident, $req:ty, $next:ty, $method:ident, $doc:literal) => {
         #[doc = $doc]
         #[derive(Clone)]
         pub struct $service<S> {
             inner: S,
             name: Arc<str>,
-            link: Arc<$link>,
+            link: Arc<dyn $link>,
         }
 
         impl<S> $service<S> {
@@ -160,7 +161,7 @@ macro_rules! wrap_service {
         {
             type Response = <$req as WrapRequest>::Response;
             type Error = BoxError;
-            type Future = super::future::ResponseFuture<Self::Response>;
+            type Future = super::ResponseFuture<Self::Response>;
 
             fn poll_ready(
                 &mut self,
@@ -173,18 +174,21 @@ macro_rules! wrap_service {
                 // Take the service that was made ready; leave a clone behind.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
-                let next = Next::service(
+                let next: $next = Next::service(
                     BoxCloneSyncService::new(ready.map_err(Into::into)),
                     &self.name,
                     &req,
                 );
                 let name = self.name.clone();
                 let link = self.link.clone();
-                super::future::ResponseFuture::new(async move {
+                super::ResponseFuture::new(async move {
                     let ctx = req.context().clone();
-                    guarded(&ctx, &name, <$req as WrapRequest>::wrap_hook(), || {
-                        link.wrap(req, next)
-                    })
+                    guarded(
+                        &ctx,
+                        &name,
+                        <$req as super::wrap::sealed::Plumbing>::wrap_hook(),
+                        || link.$method(req, next),
+                    )
                     .await
                 })
             }
@@ -195,14 +199,18 @@ macro_rules! wrap_service {
 wrap_service!(
     WrapModelLayer,
     WrapModel,
-    ModelLink,
+    ModelMiddleware,
     ModelCall,
+    ModelNext,
+    wrap_model,
     "A model service wrapped in a [`ModelMiddleware`]; made by [`WrapModelLayer`]."
 );
 wrap_service!(
     WrapToolLayer,
     WrapTool,
-    ToolLink,
+    ToolMiddleware,
     ToolInvocation,
+    ToolNext,
+    wrap_tool,
     "A tool service wrapped in a [`ToolMiddleware`]; made by [`WrapToolLayer`]."
 );

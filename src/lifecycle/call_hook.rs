@@ -1,6 +1,6 @@
-//! One hook invocation: events, panics, the fail policy, attribution.
+//! Calls one hook of one middleware: learning "not overridden", events,
+//! panics, the fail policy, attribution.
 
-use std::any::Any;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -8,44 +8,13 @@ use std::sync::Arc;
 use futures::FutureExt;
 use tokio::time::Instant;
 
-use super::middleware::HookKind;
-use super::{Hook, HookPoint, HookSet, Middleware};
+use super::attribute::{attribute, panicked};
+use super::middleware::{HookKind, NotOverridden};
+use super::stack::Entry;
+use super::{Hook, HookPoint};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, TimeoutSource};
 use crate::event::AgentEvent;
-
-/// A registered lifecycle middleware, with what the stack reads once.
-pub(crate) struct Entry {
-    pub(crate) mw: Arc<dyn Middleware>,
-    pub(crate) name: Arc<str>,
-    pub(crate) hooks: HookSet,
-    pub(crate) fail_open: bool,
-    pub(crate) holds_stream: bool,
-}
-
-impl Entry {
-    pub(crate) fn new(mw: Arc<dyn Middleware>) -> Self {
-        Self {
-            name: Arc::from(mw.name()),
-            hooks: mw.hooks(),
-            fail_open: mw.fail_policy() == super::FailPolicy::Open,
-            holds_stream: mw.holds_stream(),
-            mw,
-        }
-    }
-}
-
-impl Clone for Entry {
-    fn clone(&self) -> Self {
-        Self {
-            mw: self.mw.clone(),
-            name: self.name.clone(),
-            hooks: self.hooks,
-            fail_open: self.fail_open,
-            holds_stream: self.holds_stream,
-        }
-    }
-}
 
 pub(crate) fn started(ctx: &RunContext, name: &Arc<str>, hook: HookPoint) {
     ctx.emit(|| AgentEvent::MiddlewareStarted {
@@ -112,72 +81,6 @@ pub(crate) fn log_ignored(ctx: &RunContext, name: &Arc<str>, hook: HookPoint, er
     });
 }
 
-/// The text of a panic's payload.
-pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_owned()
-    }
-}
-
-pub(crate) fn panicked(name: &str, hook: HookPoint, payload: &(dyn Any + Send)) -> AgentError {
-    AgentError::Middleware {
-        middleware: name.to_owned(),
-        hook: hook.as_str().to_owned(),
-        source: format!("panicked: {}", panic_message(payload)).into(),
-    }
-}
-
-/// The run error a hook's error becomes: a tripwire gets the middleware and
-/// the hook filled in, an unclassified error becomes
-/// [`AgentError::Middleware`], anything the run knows (a provider error, a
-/// cancellation, a nested run's tripwire) stays as it is.
-pub(crate) fn attribute(err: BoxError, name: &str, hook: HookPoint) -> AgentError {
-    match AgentError::classify(err) {
-        AgentError::Tripwire {
-            middleware,
-            reason,
-            info,
-            ..
-        } if middleware.is_empty() => AgentError::Tripwire {
-            middleware: name.to_owned(),
-            hook: hook.as_str().to_owned(),
-            reason,
-            info,
-        },
-        AgentError::Other(source) => AgentError::Middleware {
-            middleware: name.to_owned(),
-            hook: hook.as_str().to_owned(),
-            source,
-        },
-        other => other,
-    }
-}
-
-/// Fills in the middleware and hook of a nameless tripwire; leaves any other
-/// error as it is (a wrap middleware passes its inner call's errors on).
-pub(crate) fn name_tripwire(err: BoxError, name: &str, hook: &str) -> BoxError {
-    if !matches!(err.downcast_ref::<AgentError>(), Some(AgentError::Tripwire { middleware, .. }) if middleware.is_empty())
-    {
-        return err;
-    }
-    match err.downcast::<AgentError>() {
-        Ok(agent) => match *agent {
-            AgentError::Tripwire { reason, info, .. } => Box::new(AgentError::Tripwire {
-                middleware: name.to_owned(),
-                hook: hook.to_owned(),
-                reason,
-                info,
-            }),
-            other => Box::new(other),
-        },
-        Err(err) => err,
-    }
-}
-
 /// Races `fut` against the run's cancellation and deadline: a hook still
 /// running then is no longer waited for.
 async fn race<F: Future>(ctx: &RunContext, fut: F) -> Result<F::Output, AgentError> {
@@ -233,23 +136,11 @@ pub(crate) async fn invoke<'h, T>(
             return fail(entry, ctx, hook, panicked(&entry.name, hook, &*panic));
         }
     };
-    #[cfg(debug_assertions)]
-    if !entry.hooks.contains(hook) {
-        if matches!(kind, HookKind::Skip) {
+    let (bracket, result) = match kind {
+        HookKind::NotOverridden => {
+            entry.learn_absent(hook);
             return Ok(None);
         }
-        return Err(AgentError::Middleware {
-            middleware: entry.name.to_string(),
-            hook: hook.as_str().to_owned(),
-            source: format!(
-                "the middleware overrides `{hook}` but its `hooks()` leaves it out, so release \
-                 builds would never call it; add `HookSet::{}` to `hooks()`",
-                hook.as_str().to_uppercase()
-            )
-            .into(),
-        });
-    }
-    let (bracket, result) = match kind {
         HookKind::Skip => return Ok(None),
         HookKind::Ready(result) => (Bracket::open(ctx, &entry.name, hook), result),
         HookKind::Pending(future) => {
@@ -296,6 +187,10 @@ pub(crate) fn invoke_delta(
 ) -> Result<(), AgentError> {
     let err = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => return Ok(()),
+        Ok(Err(err)) if err.is::<NotOverridden>() => {
+            entry.learn_absent(hook);
+            return Ok(());
+        }
         Ok(Err(err)) => attribute(err, &entry.name, hook),
         Err(panic) => panicked(&entry.name, hook, &*panic),
     };

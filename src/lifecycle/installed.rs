@@ -1,76 +1,93 @@
-//! [`Frame`]: the hook points of one run, as the loop calls them. A frame
-//! composes the hooks the run inherited (from its parent run, or from an
-//! outer lifecycle layer), outermost, with one stack.
+//! [`InstalledHooks`]: the hook points of one run, as the loop calls them
+//! through the port. They compose the hooks the run inherited (from its
+//! parent run, or from an outer lifecycle layer), outermost, with the run's
+//! own compiled stack.
 
 use std::fmt;
 use std::sync::Arc;
 
 use tower::ServiceExt;
 
-use super::delta::{model_call, tool_call, OwnModel, OwnTool};
-use super::stack::Stack;
+use super::call_chain::{model_call, tool_call, StackModel, StackTool};
+use super::stack::CompiledStack;
 use super::verdict::merge_verdicts;
 use super::HookPoint;
 use crate::context::RunContext;
-use crate::error::{AgentError, BoxError};
+use crate::error::{AgentError, BoxError, ErrorKind};
 use crate::hooks::{
-    ApprovalVerdict, Compaction, HookFuture, Notification, RunHooks, RunOutcome, RunStart,
+    ApprovalVerdict, Compaction, HookFuture, HookPort, Notification, RunOutcome, RunStart,
     ToolCallResult, ToolVerdict,
 };
-use crate::request::{ModelCall, ToolInvocation, ToolOutput};
-use crate::service::{box_model, box_tool, BoxModel, BoxTool};
+use crate::request::{
+    box_model, box_tool, BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput,
+};
 use crate::types::{History, Message, ModelResponse, ToolCall};
 
 /// The hook points of a run: `outer` (inherited), then `stack`.
-pub(crate) struct Frame {
-    outer: Option<Arc<dyn RunHooks>>,
-    pub(crate) stack: Arc<Stack>,
+pub(crate) struct InstalledHooks {
+    outer: Option<Arc<dyn HookPort>>,
+    pub(crate) stack: Arc<CompiledStack>,
     holds_stream: bool,
+    /// The depth of the run these were installed for: a hook of `stack`
+    /// failing in a run nested deeper fails every run up to that one.
+    depth: usize,
 }
 
-impl Frame {
-    pub(crate) fn new(outer: Option<Arc<dyn RunHooks>>, stack: Arc<Stack>) -> Self {
+impl InstalledHooks {
+    pub(crate) fn new(ctx: &RunContext, stack: Arc<CompiledStack>) -> Self {
+        let outer = crate::hooks::installed(ctx);
         let holds_stream = stack.holds_stream || outer.as_ref().is_some_and(|o| o.holds_stream());
         Self {
             outer,
             stack,
             holds_stream,
+            depth: ctx.depth(),
         }
+    }
+
+    /// A failure of this stack's hook in `ctx`'s run: noted for the runs it
+    /// fails, and boxed for the port.
+    fn own(&self, ctx: &RunContext, err: AgentError) -> BoxError {
+        if err.kind() == ErrorKind::Middleware {
+            ctx.note_hook_failure(ctx.depth().saturating_sub(self.depth));
+        }
+        Box::new(err)
     }
 }
 
-impl fmt::Debug for Frame {
+impl fmt::Debug for InstalledHooks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Frame")
+        f.debug_struct("InstalledHooks")
             .field("inherited", &self.outer.is_some())
             .field("stack", &self.stack)
             .finish()
     }
 }
 
-fn boxed(err: AgentError) -> BoxError {
-    Box::new(err)
-}
-
-impl RunHooks for Frame {
+impl HookPort for InstalledHooks {
     fn holds_stream(&self) -> bool {
         self.holds_stream
     }
 
-    fn start_run<'a>(
+    fn before_agent<'a>(
         &'a self,
         ctx: &'a RunContext,
         start: RunStart,
     ) -> HookFuture<'a, Vec<String>> {
         match (&self.outer, self.stack.has(HookPoint::BeforeAgent)) {
             (None, false) => HookFuture::ok(Vec::new()),
-            (Some(outer), false) => outer.start_run(ctx, start),
+            (Some(outer), false) => outer.before_agent(ctx, start),
             (outer, true) => HookFuture::new(async move {
                 let mut texts = match outer {
-                    Some(outer) => outer.start_run(ctx, start).await?,
+                    Some(outer) => outer.before_agent(ctx, start).await?,
                     None => Vec::new(),
                 };
-                texts.extend(self.stack.before_agent(ctx, start).await.map_err(boxed)?);
+                texts.extend(
+                    self.stack
+                        .before_agent(ctx, start)
+                        .await
+                        .map_err(|e| self.own(ctx, e))?,
+                );
                 Ok(texts)
             }),
         }
@@ -91,7 +108,7 @@ impl RunHooks for Frame {
                     None => Vec::new(),
                 };
                 let own = self.stack.before_run(ctx, input, messages);
-                texts.extend(own.await.map_err(boxed)?);
+                texts.extend(own.await.map_err(|e| self.own(ctx, e))?);
                 Ok(texts)
             }),
         }
@@ -109,23 +126,28 @@ impl RunHooks for Frame {
                 if let Some(outer) = outer {
                     outer.before_model(ctx, messages).await?;
                 }
-                self.stack.before_model(ctx, messages).await.map_err(boxed)
+                self.stack
+                    .before_model(ctx, messages)
+                    .await
+                    .map_err(|e| self.own(ctx, e))
             }),
         }
     }
 
-    fn call_model<'a>(&'a self, call: ModelCall, next: BoxModel) -> HookFuture<'a, ModelResponse> {
-        let own = self.stack.wraps_model();
+    fn wrap_model(&self, call: ModelCall, next: BoxModel) -> HookFuture<'_, ModelResponse> {
+        let own = self.stack.wraps_model(call.stream.is_some());
+        let home = Some(self.depth);
         match &self.outer {
             None if !own => HookFuture::new(next.oneshot(call)),
-            None => HookFuture::new(model_call(self.stack.clone(), call, next)),
-            Some(outer) if !own => outer.call_model(call, next),
+            None => HookFuture::new(model_call(self.stack.clone(), call, next, home)),
+            Some(outer) if !own => outer.wrap_model(call, next),
             Some(outer) => {
-                let own = box_model(OwnModel {
+                let own = box_model(StackModel {
                     stack: self.stack.clone(),
                     base: next,
+                    home,
                 });
-                outer.call_model(call, own)
+                outer.wrap_model(call, own)
             }
         }
     }
@@ -139,7 +161,10 @@ impl RunHooks for Frame {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.after_model(ctx, response),
             (outer, true) => HookFuture::new(async move {
-                self.stack.after_model(ctx, response).await.map_err(boxed)?;
+                self.stack
+                    .after_model(ctx, response)
+                    .await
+                    .map_err(|e| self.own(ctx, e))?;
                 match outer {
                     Some(outer) => outer.after_model(ctx, response).await,
                     None => Ok(()),
@@ -161,7 +186,7 @@ impl RunHooks for Frame {
                 self.stack
                     .before_tool(ctx, call, resumed)
                     .await
-                    .map_err(boxed)
+                    .map_err(|e| self.own(ctx, e))
             }),
             (Some(outer), true) => HookFuture::new(async move {
                 let first = outer.before_tool(ctx, call, resumed).await?;
@@ -178,7 +203,7 @@ impl RunHooks for Frame {
                     None => call,
                 };
                 let second = self.stack.before_tool(ctx, asked, resumed).await;
-                Ok(merge_verdicts(first, second.map_err(boxed)?))
+                Ok(merge_verdicts(first, second.map_err(|e| self.own(ctx, e))?))
             }),
         }
     }
@@ -197,27 +222,28 @@ impl RunHooks for Frame {
                         return Ok(Some(verdict));
                     }
                 }
-                self.stack.decide_approval(ctx, call).await.map_err(boxed)
+                self.stack
+                    .decide_approval(ctx, call)
+                    .await
+                    .map_err(|e| self.own(ctx, e))
             }),
         }
     }
 
-    fn call_tool<'a>(
-        &'a self,
-        invocation: ToolInvocation,
-        next: BoxTool,
-    ) -> HookFuture<'a, ToolOutput> {
+    fn wrap_tool(&self, invocation: ToolInvocation, next: BoxTool) -> HookFuture<'_, ToolOutput> {
         let own = self.stack.wraps_tool();
+        let home = Some(self.depth);
         match &self.outer {
             None if !own => HookFuture::new(next.oneshot(invocation)),
-            None => HookFuture::new(tool_call(self.stack.clone(), invocation, next)),
-            Some(outer) if !own => outer.call_tool(invocation, next),
+            None => HookFuture::new(tool_call(self.stack.clone(), invocation, next, home)),
+            Some(outer) if !own => outer.wrap_tool(invocation, next),
             Some(outer) => {
-                let own = box_tool(OwnTool {
+                let own = box_tool(StackTool {
                     stack: self.stack.clone(),
                     base: next,
+                    home,
                 });
-                outer.call_tool(invocation, own)
+                outer.wrap_tool(invocation, own)
             }
         }
     }
@@ -235,7 +261,7 @@ impl RunHooks for Frame {
                 self.stack
                     .after_tool(ctx, call, output)
                     .await
-                    .map_err(boxed)?;
+                    .map_err(|e| self.own(ctx, e))?;
                 match outer {
                     Some(outer) => outer.after_tool(ctx, call, output).await,
                     None => Ok(()),
@@ -256,7 +282,7 @@ impl RunHooks for Frame {
                 self.stack
                     .after_tool_batch(ctx, results)
                     .await
-                    .map_err(boxed)?;
+                    .map_err(|e| self.own(ctx, e))?;
                 match outer {
                     Some(outer) => outer.after_tool_batch(ctx, results).await,
                     None => Ok(()),
@@ -281,7 +307,7 @@ impl RunHooks for Frame {
                     }
                 }
                 let own = self.stack.before_stop(ctx, output, continuations);
-                own.await.map_err(boxed)
+                own.await.map_err(|e| self.own(ctx, e))
             }),
         }
     }
@@ -301,7 +327,7 @@ impl RunHooks for Frame {
                     None => true,
                 };
                 let own = self.stack.before_model_switch(ctx, from, to);
-                Ok(own.await.map_err(boxed)? && outer_allows)
+                Ok(own.await.map_err(|e| self.own(ctx, e))? && outer_allows)
             }),
         }
     }
@@ -319,7 +345,7 @@ impl RunHooks for Frame {
                     outer.on_notification(ctx, notification).await?;
                 }
                 let own = self.stack.on_notification(ctx, notification);
-                own.await.map_err(boxed)
+                own.await.map_err(|e| self.own(ctx, e))
             }),
         }
     }
@@ -338,14 +364,18 @@ impl RunHooks for Frame {
         }
     }
 
-    fn end_run<'a>(&'a self, ctx: &'a RunContext, outcome: RunOutcome<'a>) -> HookFuture<'a, ()> {
+    fn after_agent<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        outcome: RunOutcome<'a>,
+    ) -> HookFuture<'a, ()> {
         match (&self.outer, self.stack.has(HookPoint::AfterAgent)) {
             (None, false) => HookFuture::ok(()),
-            (Some(outer), false) => outer.end_run(ctx, outcome),
+            (Some(outer), false) => outer.after_agent(ctx, outcome),
             (outer, true) => HookFuture::new(async move {
                 self.stack.after_agent(ctx, outcome).await;
                 match outer {
-                    Some(outer) => outer.end_run(ctx, outcome).await,
+                    Some(outer) => outer.after_agent(ctx, outcome).await,
                     None => Ok(()),
                 }
             }),
@@ -366,7 +396,7 @@ impl RunHooks for Frame {
                     None => true,
                 };
                 let own = self.stack.before_compaction(ctx, messages);
-                Ok(own.await.map_err(boxed)? && outer_allows)
+                Ok(own.await.map_err(|e| self.own(ctx, e))? && outer_allows)
             }),
         }
     }
@@ -381,7 +411,7 @@ impl RunHooks for Frame {
             (Some(outer), false) => outer.after_compaction(ctx, compaction),
             (outer, true) => HookFuture::new(async move {
                 let own = self.stack.after_compaction(ctx, compaction);
-                own.await.map_err(boxed)?;
+                own.await.map_err(|e| self.own(ctx, e))?;
                 match outer {
                     Some(outer) => outer.after_compaction(ctx, compaction).await,
                     None => Ok(()),

@@ -1,5 +1,6 @@
-//! The model and tool calls through one stack: delta hooks on the stream
-//! sink, the wrap chain, then the service below.
+//! One model or tool call through a stack's part of the onion: the delta
+//! hooks on the stream sink, the wrap chain, then the service below
+//! ([`StackModel`], [`StackTool`] when an inherited stack wraps it).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,13 +10,13 @@ use std::task::{Context, Poll};
 use tokio::sync::Notify;
 use tower::Service;
 
-use super::future::ResponseFuture;
-use super::stack::Stack;
-use super::wrap::Next;
-use super::HookPoint;
-use crate::error::{AgentError, BoxError};
-use crate::request::{DeltaSink, ModelCall, ToolInvocation, ToolOutput};
-use crate::service::{BoxModel, BoxTool};
+use futures::future::Either;
+
+use super::next::call_innermost;
+use super::stack::CompiledStack;
+use super::{HookPoint, Next, ResponseFuture};
+use crate::error::{kind_of, AgentError, BoxError, ErrorKind};
+use crate::request::{BoxModel, BoxTool, DeltaSink, ModelCall, ToolInvocation, ToolOutput};
 use crate::types::{ModelDelta, ModelResponse};
 
 /// The first error a delta hook raised, which aborts the call.
@@ -89,9 +90,10 @@ fn guard_sink(
 /// One model call through `stack`'s part of the onion. Delta hooks see the
 /// stream only in a run that streams.
 pub(crate) async fn model_call(
-    stack: Arc<Stack>,
+    stack: Arc<CompiledStack>,
     mut call: ModelCall,
     base: BoxModel,
+    home: Option<usize>,
 ) -> Result<ModelResponse, BoxError> {
     let failure = match call.stream.take() {
         Some(sink) if stack.has(HookPoint::OnModelDelta) => {
@@ -107,7 +109,12 @@ pub(crate) async fn model_call(
             None
         }
     };
-    let fut = Next::chain(stack.model.clone(), base).run(call);
+    let fut = if stack.has(HookPoint::WrapModel) {
+        Either::Left(Next::chain(stack.entries.clone(), base, home).run(call))
+    } else {
+        // No wrap hook may run: straight to the service below.
+        Either::Right(call_innermost(base, call, true))
+    };
     match failure {
         None => fut.await,
         Some(failure) => failure.race(fut).await,
@@ -117,9 +124,10 @@ pub(crate) async fn model_call(
 /// One tool call through `stack`'s part of the onion. With delta hooks, the
 /// tool gets a sink for its progress even when nobody else listens.
 pub(crate) async fn tool_call(
-    stack: Arc<Stack>,
+    stack: Arc<CompiledStack>,
     mut invocation: ToolInvocation,
     base: BoxTool,
+    home: Option<usize>,
 ) -> Result<ToolOutput, BoxError> {
     let failure = if stack.has(HookPoint::OnToolDelta) {
         let failure = Arc::new(DeltaFailure::default());
@@ -137,22 +145,37 @@ pub(crate) async fn tool_call(
     } else {
         None
     };
-    let fut = Next::chain(stack.tool.clone(), base).run(invocation);
-    match failure {
+    let ctx = invocation.context.clone();
+    let fut = if stack.has(HookPoint::WrapTool) {
+        Either::Left(Next::chain(stack.entries.clone(), base, home).run(invocation))
+    } else {
+        Either::Right(call_innermost(base, invocation, true))
+    };
+    let result = match failure {
         None => fut.await,
         Some(failure) => failure.race(fut).await,
+    };
+    // What fails here as a middleware error is this stack's (a nested
+    // run's own failures became error results below): it fails the runs up
+    // to the one the stack was installed for.
+    if let (Err(err), Some(home)) = (&result, home) {
+        if kind_of(err.as_ref()) == ErrorKind::Middleware {
+            ctx.note_hook_failure(ctx.depth().saturating_sub(home));
+        }
     }
+    result
 }
 
-/// A stack's part of the model onion as a service: what an inherited
-/// frame's `call_model` gets as its `next`.
+/// A stack's part of the model onion as a service: what the inherited
+/// hooks' `wrap_model` gets as its `next`.
 #[derive(Clone)]
-pub(crate) struct OwnModel {
-    pub(crate) stack: Arc<Stack>,
+pub(crate) struct StackModel {
+    pub(crate) stack: Arc<CompiledStack>,
     pub(crate) base: BoxModel,
+    pub(crate) home: Option<usize>,
 }
 
-impl Service<ModelCall> for OwnModel {
+impl Service<ModelCall> for StackModel {
     type Response = ModelResponse;
     type Error = BoxError;
     type Future = ResponseFuture<ModelResponse>;
@@ -164,18 +187,19 @@ impl Service<ModelCall> for OwnModel {
     fn call(&mut self, call: ModelCall) -> Self::Future {
         let clone = self.base.clone();
         let base = std::mem::replace(&mut self.base, clone);
-        ResponseFuture::new(model_call(self.stack.clone(), call, base))
+        ResponseFuture::new(model_call(self.stack.clone(), call, base, self.home))
     }
 }
 
 /// A stack's part of the tool onion as a service.
 #[derive(Clone)]
-pub(crate) struct OwnTool {
-    pub(crate) stack: Arc<Stack>,
+pub(crate) struct StackTool {
+    pub(crate) stack: Arc<CompiledStack>,
     pub(crate) base: BoxTool,
+    pub(crate) home: Option<usize>,
 }
 
-impl Service<ToolInvocation> for OwnTool {
+impl Service<ToolInvocation> for StackTool {
     type Response = ToolOutput;
     type Error = BoxError;
     type Future = ResponseFuture<ToolOutput>;
@@ -187,6 +211,6 @@ impl Service<ToolInvocation> for OwnTool {
     fn call(&mut self, invocation: ToolInvocation) -> Self::Future {
         let clone = self.base.clone();
         let base = std::mem::replace(&mut self.base, clone);
-        ResponseFuture::new(tool_call(self.stack.clone(), invocation, base))
+        ResponseFuture::new(tool_call(self.stack.clone(), invocation, base, self.home))
     }
 }

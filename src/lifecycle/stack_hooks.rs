@@ -1,11 +1,11 @@
-//! Runs one hook point over a compiled stack: the order, the merging of
-//! values, and what an error does.
+//! Each hook point over a compiled stack: the order, the merging of values,
+//! and what an error does.
 
 use std::borrow::Cow;
 
-use super::builtin::EditLog;
-use super::invoke::{invoke, invoke_delta, log_ignored};
-use super::stack::Stack;
+use super::call_hook::{invoke, invoke_delta, log_ignored};
+use super::edit_watch::watcher;
+use super::stack::CompiledStack;
 use super::verdict::merge_verdicts;
 use super::HookPoint;
 use crate::context::RunContext;
@@ -17,7 +17,7 @@ use crate::hooks::{
 use crate::request::ToolOutput;
 use crate::types::{History, Message, ModelDelta, ModelResponse, ToolCall};
 
-impl Stack {
+impl CompiledStack {
     /// Texts to add after the system prompt, in registration order.
     pub(crate) async fn before_agent(
         &self,
@@ -27,8 +27,8 @@ impl Stack {
         let hook = HookPoint::BeforeAgent;
         let mut texts = Vec::new();
         for e in self.at(hook) {
-            if let Some(Some(text)) = invoke(e, ctx, hook, || e.mw.before_agent(ctx, start)).await?
-            {
+            let found = invoke(e, ctx, hook, || e.mw.before_agent(ctx, start)).await?;
+            if let Some(Some(text)) = found {
                 texts.push(text);
             }
         }
@@ -62,7 +62,7 @@ impl Stack {
     ) -> Result<(), AgentError> {
         let hook = HookPoint::BeforeModel;
         // A prompt-cache guard in the run asks who changed the messages.
-        let edits = EditLog::of(ctx);
+        let edits = watcher(ctx);
         for e in self.at(hook) {
             let before = edits.as_ref().map(|_| messages.clone());
             let messages = &mut *messages;

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The edge tests against real peers: MCP servers from npm (stdio and
+# streamable HTTP), the official `openai` Python client against the served
+# OpenAI-compatible endpoint, and headless Chromium driving the run viewer.
+# Installs what is missing (pinned), starts what must run on 127.0.0.1, runs
+# the #[ignore]d tests, and stops everything on every exit path. A peer that
+# cannot be installed or started fails the script with the reason.
+# Extra arguments go to the test binaries, e.g. `--nocapture`.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+
+EVERYTHING_VERSION="2026.8.31"
+FILESYSTEM_VERSION="2026.8.31"
+PLAYWRIGHT_VERSION="1.65.1"
+OPENAI_VERSION="3.51.0"
+
+PEERS="$ROOT/.peers"
+NPM_DIR="$PEERS/npm"
+VENV="$PEERS/venv"
+LOGS="$PEERS/logs"
+mkdir -p "$NPM_DIR" "$LOGS"
+
+PIDS=()
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]:-}"; do
+    [[ -n "$pid" ]] || continue
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT INT TERM
+
+fail() {
+  printf '\n[edge] FAILED: %s\n\n' "$*" >&2
+  exit 1
+}
+
+# A free TCP port on 127.0.0.1.
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+# Waits (at most 30 s) until 127.0.0.1:$1 accepts connections; fails if $2 died.
+wait_port() {
+  local port="$1" pid="$2" what="$3"
+  for _ in $(seq 1 300); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      fail "$what exited before listening on port $port; its log: $(tail -n 20 "$LOGS/$what.log" 2>/dev/null)"
+    fi
+    if python3 -c "import socket,sys; s=socket.socket(); s.settimeout(0.2); sys.exit(s.connect_ex(('127.0.0.1', $port)))" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  fail "$what did not listen on port $port within 30 s"
+}
+
+# --- npm: the MCP servers (and playwright-core for the browser test) -------
+npm_installed() {
+  local pkg="$1" version="$2"
+  [[ "$(node -p "require('$NPM_DIR/node_modules/$pkg/package.json').version" 2>/dev/null)" == "$version" ]]
+}
+if ! npm_installed @modelcontextprotocol/server-everything "$EVERYTHING_VERSION" \
+  || ! npm_installed @modelcontextprotocol/server-filesystem "$FILESYSTEM_VERSION" \
+  || ! npm_installed playwright-core "$PLAYWRIGHT_VERSION"; then
+  command -v npm >/dev/null || fail "npm is not installed"
+  npm install --no-audit --no-fund --prefix "$NPM_DIR" \
+    "@modelcontextprotocol/server-everything@$EVERYTHING_VERSION" \
+    "@modelcontextprotocol/server-filesystem@$FILESYSTEM_VERSION" \
+    "playwright-core@$PLAYWRIGHT_VERSION" >"$LOGS/npm.log" 2>&1 \
+    || fail "npm install failed: $(tail -n 20 "$LOGS/npm.log")"
+fi
+export TOWER_AGENT_MCP_EVERYTHING="$NPM_DIR/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+export TOWER_AGENT_MCP_FILESYSTEM="$NPM_DIR/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
+export TOWER_AGENT_PLAYWRIGHT="$NPM_DIR/node_modules/playwright-core"
+
+# --- Debian chromium ------------------------------------------------------
+if [[ ! -x /usr/bin/chromium ]]; then
+  (apt-get update && apt-get install -y chromium) >"$LOGS/apt.log" 2>&1 \
+    || fail "apt-get install chromium failed: $(tail -n 20 "$LOGS/apt.log")"
+fi
+export TOWER_AGENT_CHROMIUM=/usr/bin/chromium
+
+# --- PyPI: the official openai client, in a venv --------------------------
+if ! "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
+  python3 -m venv "$VENV" >"$LOGS/venv.log" 2>&1 || fail "python3 -m venv failed: $(tail -n 20 "$LOGS/venv.log")"
+  "$VENV/bin/pip" install --quiet "openai==$OPENAI_VERSION" >"$LOGS/pip.log" 2>&1 \
+    || fail "pip install openai==$OPENAI_VERSION failed: $(tail -n 20 "$LOGS/pip.log")"
+fi
+export TOWER_AGENT_PYTHON="$VENV/bin/python"
+
+# --- server-everything over streamable HTTP -------------------------------
+PORT="$(free_port)"
+PORT="$PORT" node "$TOWER_AGENT_MCP_EVERYTHING" streamableHttp >"$LOGS/everything-http.log" 2>&1 &
+PIDS+=("$!")
+wait_port "$PORT" "$!" everything-http
+export TOWER_AGENT_MCP_EVERYTHING_URL="http://127.0.0.1:$PORT/mcp"
+
+TESTS=(--test mcp_servers)
+for t in serve_openai_client serve_viewer_browser; do
+  [[ -f "tests/$t.rs" ]] && TESTS+=(--test "$t")
+done
+cargo test --all-features "${TESTS[@]}" -- --ignored --test-threads=2 "$@"

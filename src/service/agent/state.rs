@@ -1,0 +1,134 @@
+//! One run in progress: its state, and what every step of the loop shares
+//! (racing the run's cancellation and deadline, classifying errors, the
+//! transcript, snapshots and checkpoints).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::Config;
+use crate::context::RunContext;
+use crate::error::{AgentError, BoxError, TimeoutSource};
+use crate::hooks::HookPort;
+use crate::request::DeltaSink;
+use crate::types::{AgentRun, Checkpoint, Counters, History, Message, PendingCall, RunStatus};
+
+/// One run in progress.
+pub(super) struct Run {
+    pub(super) config: Arc<Config>,
+    pub(super) ctx: RunContext,
+    pub(super) hooks: Option<Arc<dyn HookPort>>,
+    pub(super) messages: History,
+    /// Context added for this run only; left out of the transcript.
+    pub(super) ephemeral: Vec<Message>,
+    pub(super) stream: Option<DeltaSink>,
+    pub(super) extensions: http::Extensions,
+    pub(super) counters: Counters,
+    pub(super) output_attempts: u32,
+    pub(super) continuations: u32,
+}
+
+impl Run {
+    /// A run with an empty conversation.
+    pub(super) fn new(
+        config: Arc<Config>,
+        ctx: RunContext,
+        hooks: Option<Arc<dyn HookPort>>,
+        stream: Option<DeltaSink>,
+        extensions: http::Extensions,
+    ) -> Self {
+        Self {
+            config,
+            ctx,
+            hooks,
+            messages: History::new(),
+            ephemeral: Vec::new(),
+            stream,
+            extensions,
+            counters: Counters::default(),
+            output_attempts: 0,
+            continuations: 0,
+        }
+    }
+
+    /// The conversation without the context added for this run only: shared
+    /// with the run's history (O(1)) unless there is such context.
+    pub(super) fn transcript(&self) -> History {
+        if self.ephemeral.is_empty() {
+            return self.messages.clone();
+        }
+        let mut messages = self.messages.to_vec();
+        for ephemeral in &self.ephemeral {
+            if let Some(at) = messages.iter().position(|m| m == ephemeral) {
+                messages.remove(at);
+            }
+        }
+        History::from(messages)
+    }
+
+    /// What a paused run needs to be resumed.
+    pub(super) fn checkpoint(
+        &self,
+        completed: Vec<(usize, Message)>,
+        pending: Vec<PendingCall>,
+    ) -> Checkpoint {
+        Checkpoint {
+            agent: self.config.name.to_string(),
+            run_id: self.ctx.run_id().to_string(),
+            thread_id: self.ctx.thread_id().map(str::to_owned),
+            messages: self.transcript().into_vec(),
+            completed,
+            pending,
+            iteration: self.ctx.iteration(),
+            usage: self.ctx.usage(),
+            usage_total: self.ctx.total_usage(),
+            counters: self.counters,
+            output_attempts: self.output_attempts,
+        }
+    }
+
+    /// The run as it stands, ended with `status`.
+    pub(super) fn snapshot(
+        &self,
+        status: RunStatus,
+        output: String,
+        structured: Option<serde_json::Value>,
+    ) -> AgentRun {
+        AgentRun {
+            run_id: self.ctx.run_id().clone(),
+            agent: self.config.name.clone(),
+            messages: self.transcript(),
+            output,
+            structured,
+            usage: self.ctx.usage(),
+            usage_total: self.ctx.total_usage(),
+            cost: self.ctx.total_cost(),
+            counters: self.counters,
+            status,
+        }
+    }
+}
+
+/// Races `fut` against the run's cancellation and deadline.
+pub(super) async fn race<F: Future>(ctx: &RunContext, fut: F) -> Result<F::Output, AgentError> {
+    async fn until(deadline: Option<Instant>) {
+        match deadline {
+            Some(deadline) => tokio::time::sleep_until(deadline).await,
+            None => std::future::pending().await,
+        }
+    }
+    tokio::select! {
+        biased;
+        () = ctx.cancelled() => Err(AgentError::Cancelled),
+        () = until(ctx.deadline()) => Err(AgentError::Timeout {
+            timer: TimeoutSource::RunDeadline,
+            after: Some(ctx.elapsed()),
+        }),
+        out = fut => Ok(out),
+    }
+}
+
+pub(super) fn classify(err: BoxError) -> AgentError {
+    AgentError::classify(err)
+}
