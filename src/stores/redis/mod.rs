@@ -1,6 +1,7 @@
 //! Stores on Redis, shared by every worker process that points at the same
-//! server: the response cache ([`RedisCacheStore`]) and the rate limit's
-//! quota ([`RedisQuotaStore`]).
+//! server: the response cache ([`RedisCacheStore`]), the rate limit's
+//! quota ([`RedisQuotaStore`]), the budget ledger ([`RedisBudgetStore`])
+//! and paused runs ([`RedisCheckpointStore`]).
 //!
 //! One [`RedisConfig`] (URL, key prefix, timeouts) makes one
 //! [`RedisConnection`], a cheap `Clone` handle on redis-rs's
@@ -31,12 +32,18 @@
 //! manager reconnects in the background and a later call goes through.
 //! What a failure means is each store's policy: the cache fails *open* (a
 //! miss; nothing is stored), the quota fails *closed* by default
-//! ([`FailPolicy`]).
+//! ([`FailPolicy`]), the budget ledger's error goes to the budget layer's
+//! fail setting, and a checkpoint that cannot be written fails the pause
+//! with [`CheckpointError::Store`](crate::stores::CheckpointError::Store).
 
+mod budget;
 mod cache;
+mod checkpoint;
 mod quota;
 
+pub use budget::RedisBudgetStore;
 pub use cache::RedisCacheStore;
+pub use checkpoint::RedisCheckpointStore;
 pub use quota::RedisQuotaStore;
 
 use std::fmt;
