@@ -5,7 +5,8 @@
 mod stores_suite;
 
 macro_rules! suite {
-    ($name:ident, #[$test:meta] $(#[$extra:meta])*, cache: $cache:expr, quota: $quota:expr) => {
+    ($name:ident, #[$test:meta] $(#[$extra:meta])*, cache: $cache:expr, quota: $quota:expr,
+     budget: $budget:expr, checkpoint: $checkpoint:expr) => {
         mod $name {
             #[allow(unused_imports)]
             use super::*;
@@ -30,6 +31,11 @@ macro_rules! suite {
             case!(quota_settle_charges, $quota);
             case!(layer_refuses_past_max_wait, $quota);
             case!(layer_settles_real_usage, $quota);
+            case!(budget_reserves_on_every_line_or_none, $budget);
+            case!(budget_concurrent_reservations_never_overspend, $budget);
+            case!(checkpoint_put_get_take, $checkpoint);
+            case!(checkpoint_stale_version_conflicts, $checkpoint);
+            case!(checkpoint_two_resumers_one_wins, $checkpoint);
         }
     };
 }
@@ -38,7 +44,9 @@ suite!(
     memory,
     #[tokio::test(start_paused = true)],
     cache: tower_agent::layers::cache::MemoryStore::new(100),
-    quota: tower_agent::stores::quota::MemoryQuotaStore::new()
+    quota: tower_agent::stores::quota::MemoryQuotaStore::new(),
+    budget: tower_agent::stores::budget::MemoryBudgetStore::new(),
+    checkpoint: tower_agent::stores::InMemoryCheckpointStore::new()
 );
 
 #[cfg(feature = "redis")]
@@ -72,7 +80,9 @@ suite!(
     #[tokio::test]
     #[ignore = "needs redis-server; run by scripts/peers/run-redis-tests.sh"],
     cache: tower_agent::stores::redis::RedisCacheStore::new(crate::on_redis::connection()),
-    quota: tower_agent::stores::redis::RedisQuotaStore::new(crate::on_redis::connection())
+    quota: tower_agent::stores::redis::RedisQuotaStore::new(crate::on_redis::connection()),
+    budget: tower_agent::stores::redis::RedisBudgetStore::new(crate::on_redis::connection()),
+    checkpoint: tower_agent::stores::redis::RedisCheckpointStore::new(crate::on_redis::connection())
 );
 
 /// The Redis cache sets the time to live on the key itself.

@@ -207,3 +207,148 @@ async fn settle_lands() {
         tokio::task::yield_now().await;
     }
 }
+
+// ---- budget ----
+
+use tower_agent::stores::budget::{BudgetLine, BudgetStore, Spend};
+use tower_agent::stores::{CheckpointError, CheckpointStore};
+use tower_agent::types::{Checkpoint, Cost, Counters};
+
+fn cost(s: &str) -> Cost {
+    s.parse().unwrap()
+}
+
+pub(crate) async fn budget_reserves_on_every_line_or_none(store: impl BudgetStore) {
+    let tenant = BudgetLine::new("daily", "tenant:acme").max_cost(cost("1.00"));
+    let run = BudgetLine::new("run", "run:1").max_tokens(1_000);
+    let lines = [tenant.clone(), run.clone()];
+    let held = store
+        .reserve(&lines, Spend::new(cost("0.60"), 400))
+        .await
+        .unwrap();
+    // The tenant line has no room for 0.60 more: nothing is held on either.
+    let err = store
+        .reserve(&lines, Spend::new(cost("0.60"), 100))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.downcast_ref::<tower_agent::AgentError>(),
+            Some(tower_agent::AgentError::BudgetExceeded(_))
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("tenant:acme"), "{err}");
+    assert_eq!(store.state(&run).await.unwrap().reserved.tokens, 400);
+    store
+        .settle(held, Spend::new(cost("0.25"), 300))
+        .await
+        .unwrap();
+    let state = store.state(&tenant).await.unwrap();
+    assert_eq!(state.spent.cost, cost("0.25"));
+    assert_eq!(state.reserved.cost, Cost::ZERO);
+    // Now 0.75 is left.
+    let held = store
+        .reserve(&lines, Spend::new(cost("0.75"), 700))
+        .await
+        .unwrap();
+    store
+        .settle(held, Spend::new(cost("0.75"), 700))
+        .await
+        .unwrap();
+    assert_eq!(store.state(&tenant).await.unwrap().spent.cost, cost("1.00"));
+    assert!(store
+        .reserve(&lines, Spend::cost(cost("0.01")))
+        .await
+        .is_err());
+}
+
+pub(crate) async fn budget_concurrent_reservations_never_overspend<B>(store: B)
+where
+    B: BudgetStore + Clone,
+{
+    let line = BudgetLine::new("daily", "tenant:busy").max_cost(cost("1.00"));
+    let tries = (0..40).map(|_| {
+        let store = store.clone();
+        let lines = [line.clone()];
+        async move {
+            match store.reserve(&lines, Spend::cost(cost("0.10"))).await {
+                Ok(held) => {
+                    store.settle(held, Spend::cost(cost("0.10"))).await.unwrap();
+                    1
+                }
+                Err(_) => 0,
+            }
+        }
+    });
+    let admitted: u32 = futures::future::join_all(tries).await.into_iter().sum();
+    assert_eq!(admitted, 10);
+    assert_eq!(store.state(&line).await.unwrap().spent.cost, cost("1.00"));
+}
+
+// ---- checkpoints ----
+
+pub(crate) fn checkpoint(run_id: &str, iteration: u32) -> Checkpoint {
+    Checkpoint {
+        agent: "billing".into(),
+        run_id: run_id.into(),
+        thread_id: None,
+        messages: vec![Message::user("refund order 42")],
+        completed: vec![],
+        pending: vec![],
+        iteration: iteration as _,
+        usage: Usage::new(10, 2),
+        usage_total: Usage::new(10, 2),
+        counters: Counters::default(),
+        output_attempts: 0,
+    }
+}
+
+pub(crate) async fn checkpoint_put_get_take(store: impl CheckpointStore) {
+    assert!(store.get("run-a").await.unwrap().is_none());
+    let version = store.put(checkpoint("run-a", 1)).await.unwrap();
+    let stored = store.get("run-a").await.unwrap().unwrap();
+    assert_eq!(stored.version, version);
+    assert_eq!(stored.checkpoint, checkpoint("run-a", 1));
+    let taken = store.take("run-a", version).await.unwrap();
+    assert_eq!(taken, checkpoint("run-a", 1));
+    assert!(store.get("run-a").await.unwrap().is_none());
+    assert!(matches!(
+        store.take("run-a", version).await,
+        Err(CheckpointError::NotFound { .. })
+    ));
+}
+
+pub(crate) async fn checkpoint_stale_version_conflicts(store: impl CheckpointStore) {
+    let first = store.put(checkpoint("run-b", 1)).await.unwrap();
+    // The run paused again: a resumer holding the first version loses.
+    let second = store.put(checkpoint("run-b", 2)).await.unwrap();
+    assert_ne!(first, second);
+    match store.take("run-b", first).await {
+        Err(CheckpointError::Conflict {
+            expected, found, ..
+        }) => {
+            assert_eq!((expected, found), (first, second));
+        }
+        other => panic!("a stale take went through: {other:?}"),
+    }
+    // Taken and paused anew, a version is never reused.
+    assert_eq!(store.take("run-b", second).await.unwrap().iteration, 2);
+    let third = store.put(checkpoint("run-b", 3)).await.unwrap();
+    assert!(third > second);
+}
+
+pub(crate) async fn checkpoint_two_resumers_one_wins<C>(store: C)
+where
+    C: CheckpointStore + Clone,
+{
+    store.put(checkpoint("run-c", 1)).await.unwrap();
+    let version = store.get("run-c").await.unwrap().unwrap().version;
+    let (a, b) = tokio::join!(store.take("run-c", version), store.take("run-c", version));
+    assert!(
+        a.is_ok() != b.is_ok(),
+        "exactly one resumer wins: {a:?} {b:?}"
+    );
+    let lost = if a.is_ok() { b } else { a };
+    assert!(matches!(lost, Err(CheckpointError::NotFound { .. })));
+}
