@@ -3,6 +3,8 @@
 //! - Several worker processes (this test binary, re-invoked with
 //!   `STORES_WORKER` set) share one quota on the server named by
 //!   `TOWER_AGENT_REDIS_URL`: together they are admitted no more than it.
+//! - Three processes on one budget never spend more than it together, and
+//!   of three processes resuming one paused run, exactly one does.
 //! - A server of the test's own (`redis-server` on a free port, append-only
 //!   file on) is stopped and started again mid-run: the stores fail as they
 //!   say while it is down, and afterwards the connection manager has
@@ -17,9 +19,12 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_agent::error::kind_of;
 use tower_agent::layers::cache::CacheLayer;
 use tower_agent::layers::rate_limit::ModelRateLimitLayer;
-use tower_agent::stores::redis::{RedisCacheStore, RedisConfig, RedisQuotaStore};
-use tower_agent::stores::FailPolicy;
-use tower_agent::types::{Message, ModelRequest};
+use tower_agent::stores::budget::{BudgetLine, BudgetStore, Spend};
+use tower_agent::stores::redis::{
+    RedisBudgetStore, RedisCacheStore, RedisCheckpointStore, RedisConfig, RedisQuotaStore,
+};
+use tower_agent::stores::{CheckpointError, CheckpointStore, FailPolicy};
+use tower_agent::types::{Checkpoint, Counters, Message, ModelRequest, Usage};
 use tower_agent::{ErrorKind, ModelCall, RunContext, ScriptedModel, ScriptedTurn};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -71,7 +76,7 @@ async fn worker(prefix: String, quota: u64, demand: usize) {
     println!("ADMITTED {admitted}");
 }
 
-fn spawn_worker(test: &str, prefix: &str, quota: u64, demand: usize) -> Child {
+fn spawn_worker(role: &str, test: &str, prefix: &str, quota: u64, demand: usize) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .args([
             test,
@@ -80,13 +85,28 @@ fn spawn_worker(test: &str, prefix: &str, quota: u64, demand: usize) -> Child {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("STORES_WORKER", "1")
+        .env("STORES_WORKER", role)
         .env("STORES_WORKER_PREFIX", prefix)
         .env("STORES_WORKER_QUOTA", quota.to_string())
         .env("STORES_WORKER_DEMAND", demand.to_string())
+        .env("STORES_WORKER_START_AT", start_at().to_string())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// Half a second from now, in Unix milliseconds: the workers' common start.
+/// Spawned within it, they start together.
+fn start_at() -> u128 {
+    use std::sync::OnceLock;
+    static AT: OnceLock<u128> = OnceLock::new();
+    *AT.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            + 500
+    })
 }
 
 fn admitted_by(child: Child) -> usize {
@@ -104,18 +124,86 @@ fn admitted_by(child: Child) -> usize {
         .unwrap()
 }
 
+/// One worker on a budget of one dollar: `demand` calls of 0.10 at once,
+/// each reserved then settled at what it cost; prints how many went.
+async fn budget_worker(prefix: String, demand: usize) {
+    let redis = RedisConfig::new(shared_url())
+        .prefix(prefix)
+        .connect()
+        .unwrap();
+    let store = RedisBudgetStore::new(redis);
+    let line = BudgetLine::new("daily", "tenant:shared")
+        .window(Duration::from_secs(86_400))
+        .max_cost("1.00".parse().unwrap());
+    let tries = (0..demand).map(|_| {
+        let store = store.clone();
+        let lines = [line.clone()];
+        async move {
+            let dime = Spend::cost("0.10".parse().unwrap());
+            match store.reserve(&lines, dime).await {
+                Ok(held) => {
+                    store.settle(held, dime).await.unwrap();
+                    1
+                }
+                Err(e) => {
+                    assert!(e.to_string().contains("exceeded"), "{e}");
+                    0
+                }
+            }
+        }
+    });
+    let admitted: usize = join_all(tries).await.into_iter().sum();
+    println!("ADMITTED {admitted}");
+}
+
+/// One worker that resumes the paused run `run-x` if it wins the take;
+/// prints 1 if it did, 0 if another worker did.
+async fn resume_worker(prefix: String) {
+    let redis = RedisConfig::new(shared_url())
+        .prefix(prefix)
+        .connect()
+        .unwrap();
+    let store = RedisCheckpointStore::new(redis);
+    let Some(stored) = store.get("run-x").await.unwrap() else {
+        println!("ADMITTED 0");
+        return;
+    };
+    match store.take("run-x", stored.version).await {
+        Ok(checkpoint) => {
+            assert_eq!(checkpoint.run_id, "run-x");
+            println!("ADMITTED 1");
+        }
+        Err(CheckpointError::NotFound { .. } | CheckpointError::Conflict { .. }) => {
+            println!("ADMITTED 0");
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// Runs the worker body when this process is a worker; says whether it was.
 async fn as_worker() -> bool {
-    if std::env::var_os("STORES_WORKER").is_none() {
+    let Ok(role) = std::env::var("STORES_WORKER") else {
         return false;
-    }
+    };
     let var = |name: &str| std::env::var(name).unwrap();
-    worker(
-        var("STORES_WORKER_PREFIX"),
-        var("STORES_WORKER_QUOTA").parse().unwrap(),
-        var("STORES_WORKER_DEMAND").parse().unwrap(),
-    )
-    .await;
+    let prefix = var("STORES_WORKER_PREFIX");
+    let demand = var("STORES_WORKER_DEMAND").parse().unwrap();
+    // Every worker starts at the same wall-clock moment, so their calls
+    // race on the server.
+    let start_at: u128 = var("STORES_WORKER_START_AT").parse().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    if let Some(ahead) = start_at.checked_sub(now) {
+        tokio::time::sleep(Duration::from_millis(ahead as u64)).await;
+    }
+    match role.as_str() {
+        "quota" => worker(prefix, var("STORES_WORKER_QUOTA").parse().unwrap(), demand).await,
+        "budget" => budget_worker(prefix, demand).await,
+        "resume" => resume_worker(prefix).await,
+        other => panic!("no worker role `{other}`"),
+    }
     true
 }
 
@@ -139,6 +227,7 @@ async fn three_processes_share_one_quota() {
     let workers: Vec<Child> = (0..3)
         .map(|_| {
             spawn_worker(
+                "quota",
                 "three_processes_share_one_quota",
                 &prefix,
                 QUOTA,
@@ -155,6 +244,83 @@ async fn three_processes_share_one_quota() {
         (QUOTA as usize..=QUOTA as usize + 1).contains(&total),
         "{per_worker:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server; run by scripts/peers/run-redis-tests.sh"]
+async fn three_processes_never_overspend_one_budget() {
+    if as_worker().await {
+        return;
+    }
+    let prefix = unique_prefix("budget");
+    // A dollar's budget, three processes each trying 10 dimes at once.
+    let workers: Vec<Child> = (0..3)
+        .map(|_| {
+            spawn_worker(
+                "budget",
+                "three_processes_never_overspend_one_budget",
+                &prefix,
+                0,
+                10,
+            )
+        })
+        .collect();
+    let per_worker: Vec<usize> = workers.into_iter().map(admitted_by).collect();
+    let total: usize = per_worker.iter().sum();
+    println!("budget: admitted per worker {per_worker:?}, total {total} dimes of 10");
+    assert_eq!(total, 10, "{per_worker:?}");
+    let redis = RedisConfig::new(shared_url())
+        .prefix(prefix)
+        .connect()
+        .unwrap();
+    let line = BudgetLine::new("daily", "tenant:shared")
+        .window(Duration::from_secs(86_400))
+        .max_cost("1.00".parse().unwrap());
+    let state = RedisBudgetStore::new(redis).state(&line).await.unwrap();
+    assert_eq!(state.spent.cost, "1.00".parse().unwrap());
+    assert!(state.reserved.cost.amount().is_zero());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server; run by scripts/peers/run-redis-tests.sh"]
+async fn a_run_paused_here_is_resumed_by_exactly_one_other_process() {
+    if as_worker().await {
+        return;
+    }
+    let prefix = unique_prefix("resume");
+    let redis = RedisConfig::new(shared_url())
+        .prefix(prefix.clone())
+        .connect()
+        .unwrap();
+    let store = RedisCheckpointStore::new(redis);
+    let checkpoint = Checkpoint {
+        agent: "billing".into(),
+        run_id: "run-x".into(),
+        thread_id: None,
+        messages: vec![Message::user("refund order 42")],
+        completed: vec![],
+        pending: vec![],
+        iteration: 1,
+        usage: Usage::default(),
+        usage_total: Usage::default(),
+        counters: Counters::default(),
+        output_attempts: 0,
+    };
+    store.put(checkpoint).await.unwrap();
+    let workers: Vec<Child> = (0..3)
+        .map(|_| {
+            spawn_worker(
+                "resume",
+                "a_run_paused_here_is_resumed_by_exactly_one_other_process",
+                &prefix,
+                0,
+                1,
+            )
+        })
+        .collect();
+    let per_worker: Vec<usize> = workers.into_iter().map(admitted_by).collect();
+    assert_eq!(per_worker.iter().sum::<usize>(), 1, "{per_worker:?}");
+    assert!(store.get("run-x").await.unwrap().is_none());
 }
 
 /// A redis-server of the test's own, with an append-only file so what was
