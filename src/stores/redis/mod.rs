@@ -5,7 +5,7 @@
 //!
 //! One [`RedisConfig`] (URL, key prefix, timeouts) makes one
 //! [`RedisConnection`], a cheap `Clone` handle on redis-rs's
-//! [`ConnectionManager`](redis::aio::ConnectionManager): one multiplexed
+//! [`redis::aio::ConnectionManager`]: one multiplexed
 //! connection that reconnects on its own after the server restarts or the
 //! connection drops. Every store made from it puts its keys under the
 //! config's prefix (default `tower-agent:`), so several deployments can share
