@@ -61,8 +61,9 @@ pin_project! {
             // Marked sent as the inner service was called; settled when
             // it answers.
             ticket: Option<Ticket>,
-            // The same, for a quota behind a store.
-            remote: Option<RemoteTicket>,
+            // The same, for a quota behind a store (boxed: the in-memory
+            // path's future stays as small as it was).
+            remote: Option<Box<RemoteTicket>>,
         },
     }
 }
@@ -231,7 +232,7 @@ where
                     State::Called {
                         fut: inner.call(call),
                         ticket: None,
-                        remote: ticket,
+                        remote: ticket.map(Box::new),
                     }
                 }
                 StateProj::Called {
