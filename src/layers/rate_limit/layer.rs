@@ -133,8 +133,12 @@ impl ModelRateLimitLayer {
     /// Keeps the quota in `store` instead of in memory: a store shared by
     /// many processes (Redis, …) makes one quota for all of them. Calls of
     /// one process still wait in arrival order per key; each reservation
-    /// and each settlement is one step on the store. See
-    /// [`stores::quota`](crate::stores::quota).
+    /// and each settlement is one step on the store (the settlement is sent
+    /// beside the response, which does not wait for it). With a store,
+    /// `poll_ready` only forwards the inner service's readiness, also with a
+    /// fixed [`key`](Self::key): every call waits in its response future.
+    /// A call dropped while its reservation is on the wire may leave that
+    /// reservation spent. See [`stores::quota`](crate::stores::quota).
     pub fn store(self, store: impl QuotaStore) -> Self {
         let store: Arc<dyn QuotaStore> = Arc::new(store);
         self.with(|c| c.store = Some(store))
