@@ -81,11 +81,7 @@
 //! a hit spends no rate-limit capacity, and the key is computed on the
 //! unmasked request (the response stored is the one the user would see).
 
-mod key;
-mod store;
-
-pub use key::CacheKey;
-pub use store::{CacheStore, MemoryStore};
+pub use crate::stores::cache::{CacheKey, CacheStore, MemoryStore};
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -97,8 +93,8 @@ use tower::{Layer, Service};
 use crate::error::BoxError;
 use crate::event::AgentEvent;
 use crate::request::ModelCall;
+use crate::stores::cache::Keyer;
 use crate::types::{ModelDelta, ModelRequest, ModelResponse, Usage};
-use key::Keyer;
 
 /// Applies [`Cache`] to a model service. See the [module docs](self).
 ///

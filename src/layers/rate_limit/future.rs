@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tower::Service;
 
 use super::limiter::{Ticket, Waiter};
+use super::remote::{RemoteTicket, RemoteWait};
 use crate::error::{AgentError, BoxError, RateLimited};
 use crate::event::AgentEvent;
 use crate::request::ModelCall;
@@ -50,12 +51,19 @@ pin_project! {
         Waiting {
             waiting: Box<Waiting<S>>,
         },
+        // A quota behind a store: boxed, as every such call waits on it.
+        Remote {
+            waiting: Box<Remote<S>>,
+        },
         Called {
             #[pin]
             fut: F,
             // Marked sent as the inner service was called; settled when
             // it answers.
             ticket: Option<Ticket>,
+            // The same, for a quota behind a store (boxed: the in-memory
+            // path's future stays as small as it was).
+            remote: Option<Box<RemoteTicket>>,
         },
     }
 }
@@ -69,6 +77,13 @@ struct Waiting<S> {
     /// A slot held from `poll_ready`, then the whole admission.
     ticket: Option<Ticket>,
     waited: Duration,
+    call: Option<ModelCall>,
+    inner: S,
+}
+
+/// A call waiting for a store-backed quota.
+struct Remote<S> {
+    wait: RemoteWait,
     call: Option<ModelCall>,
     inner: S,
 }
@@ -97,6 +112,19 @@ where
             state: State::Called {
                 fut,
                 ticket: Some(ticket),
+                remote: None,
+            },
+        }
+    }
+
+    pub(super) fn remote(inner: S, call: ModelCall, wait: RemoteWait) -> Self {
+        Self {
+            state: State::Remote {
+                waiting: Box::new(Remote {
+                    wait,
+                    call: Some(call),
+                    inner,
+                }),
             },
         }
     }
@@ -183,13 +211,45 @@ where
                     State::Called {
                         fut,
                         ticket: Some(ticket),
+                        remote: None,
                     }
                 }
-                StateProj::Called { fut, ticket } => {
+                StateProj::Remote { waiting } => {
+                    let Remote { wait, call, inner } = &mut **waiting;
+                    let (ticket, waited) = match ready!(wait.poll_admitted(cx)) {
+                        Ok(admitted) => admitted,
+                        Err(refused) => return Poll::Ready(Err(refused)),
+                    };
+                    let call = call.take().expect("called once");
+                    if !waited.is_zero() {
+                        let ctx = &call.context;
+                        ctx.emit(|| AgentEvent::RateLimitWait {
+                            run_id: ctx.run_id().clone(),
+                            key: wait.key().to_owned(),
+                            waited,
+                        });
+                    }
+                    State::Called {
+                        fut: inner.call(call),
+                        ticket: None,
+                        remote: ticket.map(Box::new),
+                    }
+                }
+                StateProj::Called {
+                    fut,
+                    ticket,
+                    remote,
+                } => {
                     let output = fut.poll(cx);
                     // A failed call keeps its reservation.
-                    if let (Poll::Ready(Ok(response)), Some(ticket)) = (&output, ticket) {
-                        ticket.settle(response.usage.total_tokens());
+                    if let Poll::Ready(Ok(response)) = &output {
+                        let actual = response.usage.total_tokens();
+                        if let Some(ticket) = ticket {
+                            ticket.settle(actual);
+                        }
+                        if let Some(remote) = remote.take() {
+                            remote.settle(actual);
+                        }
                     }
                     return output.map_err(Into::into);
                 }
@@ -216,6 +276,10 @@ where
             State::Waiting { waiting } => f
                 .debug_struct("ResponseFuture::Waiting")
                 .field("waiter", &waiting.waiter)
+                .finish_non_exhaustive(),
+            State::Remote { waiting } => f
+                .debug_struct("ResponseFuture::Remote")
+                .field("wait", &waiting.wait)
                 .finish_non_exhaustive(),
             State::Called { ticket, .. } => f
                 .debug_struct("ResponseFuture::Called")

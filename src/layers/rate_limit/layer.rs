@@ -11,6 +11,8 @@ use super::limits::{Config, Limits};
 use super::{ModelRateLimit, Slot};
 use crate::error::AgentError;
 use crate::request::ModelCall;
+use crate::stores::quota::QuotaStore;
+use crate::stores::FailPolicy;
 use crate::types::ModelRequest;
 
 /// Applies [`ModelRateLimit`] to model services. See the [module docs](super).
@@ -126,6 +128,26 @@ impl ModelRateLimitLayer {
     /// [Keys](super#keys).
     pub fn idle_keys(self, keys: usize) -> Self {
         self.with(|c| c.idle_keys = keys)
+    }
+
+    /// Keeps the quota in `store` instead of in memory: a store shared by
+    /// many processes (Redis, …) makes one quota for all of them. Calls of
+    /// one process still wait in arrival order per key; each reservation
+    /// and each settlement is one step on the store (the settlement is sent
+    /// beside the response, which does not wait for it). With a store,
+    /// `poll_ready` only forwards the inner service's readiness, also with a
+    /// fixed [`key`](Self::key): every call waits in its response future.
+    /// A call dropped while its reservation is on the wire may leave that
+    /// reservation spent. See [`stores::quota`](crate::stores::quota).
+    pub fn store(self, store: impl QuotaStore) -> Self {
+        let store: Arc<dyn QuotaStore> = Arc::new(store);
+        self.with(|c| c.store = Some(store))
+    }
+
+    /// What a call does when the quota store fails (default
+    /// [`FailPolicy::Closed`]: it fails with `UNAVAILABLE`).
+    pub fn on_store_error(self, policy: FailPolicy) -> Self {
+        self.with(|c| c.on_store_error = policy)
     }
 
     /// Checks the limits, as building the first service does.

@@ -28,6 +28,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::bucket::{Bucket, Grant};
 use super::limits::{Config, EstimateFn, KeyFn, Limits};
+use super::remote::Remote;
 use crate::request::ModelCall;
 use crate::types::ModelRequest;
 
@@ -295,6 +296,9 @@ pub(super) struct Limiter {
     pub(super) estimate: Option<Arc<EstimateFn>>,
     pub(super) default_output_tokens: u64,
     idle_keys: usize,
+    /// The quota behind a store, when the layer was given one: then the
+    /// in-memory keys below are not used.
+    pub(super) remote: Option<Arc<Remote>>,
     /// The first key seen, read without a lock. Set only under `keys`'
     /// lock, and never also in `keys`.
     first: OnceLock<Arc<KeyShared>>,
@@ -333,6 +337,9 @@ impl Limiter {
     pub(super) fn new(config: Config) -> Self {
         Self {
             idle_keys: config.idle_keys.max(1),
+            remote: config
+                .store
+                .map(|store| Arc::new(Remote::new(store, config.on_store_error, config.idle_keys))),
             default: config.default,
             per_key: config.per_key,
             max_wait: config.max_wait,
@@ -394,6 +401,17 @@ impl Limiter {
             Some(f) => self.key(&f(call)),
             None => self.key(&call.request.model),
         }
+    }
+
+    /// The name of `call`'s key, and its limits (for a store-backed quota).
+    pub(super) fn name_of(&self, call: &ModelCall) -> (String, Limits) {
+        let key = match (&self.fixed_key, &self.key_fn) {
+            (Some(key), _) => key.clone(),
+            (None, Some(f)) => f(call),
+            (None, None) => call.request.model.to_string(),
+        };
+        let limits = self.per_key.get(&key).copied().unwrap_or(self.default);
+        (key, limits)
     }
 
     /// The tokens `request` is expected to take: its text at four bytes a

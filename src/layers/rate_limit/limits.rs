@@ -1,5 +1,5 @@
-//! The configuration of a quota: [`Rate`] and [`Limits`], and everything
-//! the layer's setters configure.
+//! Everything the layer's setters configure (the quota's [`Rate`] and
+//! [`Limits`] live with the quota stores, in `stores::quota`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -7,93 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::request::ModelCall;
+use crate::stores::quota::QuotaStore;
+pub use crate::stores::quota::{Limits, Rate};
+use crate::stores::FailPolicy;
 use crate::types::ModelRequest;
 
 /// How a call's key and token estimate are found.
 pub(super) type KeyFn = dyn Fn(&ModelCall) -> String + Send + Sync;
 pub(super) type EstimateFn = dyn Fn(&ModelRequest) -> u64 + Send + Sync;
-
-/// An amount per interval: `amount` requests (or tokens) per `per`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rate {
-    amount: u64,
-    per: Duration,
-}
-
-impl Rate {
-    /// `amount` per `per`.
-    pub const fn new(amount: u64, per: Duration) -> Self {
-        Self { amount, per }
-    }
-
-    /// How many per interval.
-    pub const fn amount(&self) -> u64 {
-        self.amount
-    }
-
-    /// The interval.
-    pub const fn per(&self) -> Duration {
-        self.per
-    }
-
-    pub(super) fn is_valid(&self) -> bool {
-        self.amount > 0 && !self.per.is_zero()
-    }
-}
-
-/// The limits of one key: requests per interval and tokens per interval,
-/// each optional (no limit when unset).
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_agent::layers::rate_limit::Limits;
-///
-/// let tier_one = Limits::new()
-///     .requests(500, Duration::from_secs(60))
-///     .tokens(30_000, Duration::from_secs(60));
-/// assert_eq!(tier_one.token_rate().unwrap().amount(), 30_000);
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Limits {
-    requests: Option<Rate>,
-    tokens: Option<Rate>,
-}
-
-impl Limits {
-    /// No limit at all.
-    pub const fn new() -> Self {
-        Self {
-            requests: None,
-            tokens: None,
-        }
-    }
-
-    /// At most `amount` requests per `per`.
-    pub const fn requests(mut self, amount: u64, per: Duration) -> Self {
-        self.requests = Some(Rate::new(amount, per));
-        self
-    }
-
-    /// At most `amount` tokens (input plus output) per `per`.
-    pub const fn tokens(mut self, amount: u64, per: Duration) -> Self {
-        self.tokens = Some(Rate::new(amount, per));
-        self
-    }
-
-    /// The request limit, if any.
-    pub const fn request_rate(&self) -> Option<Rate> {
-        self.requests
-    }
-
-    /// The token limit, if any.
-    pub const fn token_rate(&self) -> Option<Rate> {
-        self.tokens
-    }
-
-    pub(super) fn is_valid(&self) -> bool {
-        self.requests.is_none_or(|r| r.is_valid()) && self.tokens.is_none_or(|r| r.is_valid())
-    }
-}
 
 /// What the setters configure.
 #[derive(Clone)]
@@ -106,6 +27,8 @@ pub(super) struct Config {
     pub(super) estimate: Option<Arc<EstimateFn>>,
     pub(super) default_output_tokens: u64,
     pub(super) idle_keys: usize,
+    pub(super) store: Option<Arc<dyn QuotaStore>>,
+    pub(super) on_store_error: FailPolicy,
 }
 
 impl Default for Config {
@@ -119,6 +42,8 @@ impl Default for Config {
             estimate: None,
             default_output_tokens: 1024,
             idle_keys: 1024,
+            store: None,
+            on_store_error: FailPolicy::Closed,
         }
     }
 }
@@ -146,6 +71,8 @@ impl fmt::Debug for Config {
             .field("fixed_key", &self.fixed_key)
             .field("default_output_tokens", &self.default_output_tokens)
             .field("idle_keys", &self.idle_keys)
+            .field("store", &self.store.is_some())
+            .field("on_store_error", &self.on_store_error)
             .finish_non_exhaustive()
     }
 }

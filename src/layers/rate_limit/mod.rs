@@ -143,6 +143,7 @@ mod bucket;
 mod layer;
 mod limiter;
 mod limits;
+mod remote;
 #[cfg(test)]
 mod tests;
 
@@ -266,7 +267,7 @@ where
         let Ok(limiter) = &self.limiter else {
             return self.inner.poll_ready(cx).map_err(Into::into);
         };
-        if let Some(key) = &limiter.fixed_key {
+        if let (Some(key), None) = (&limiter.fixed_key, &limiter.remote) {
             ready!(self.slot.poll_ready(limiter, key, cx));
             if matches!(self.slot, Slot::Refused { .. }) {
                 // `call` answers with the refusal.
@@ -281,6 +282,18 @@ where
             Ok(limiter) => limiter,
             Err(message) => return future::ResponseFuture::invalid(message.clone()),
         };
+        if let Some(remote) = &limiter.remote {
+            let (key, limits) = limiter.name_of(&call);
+            let tokens = limiter.estimate(&call.request);
+            let mut max_wait = limiter.max_wait;
+            if let Some(left) = call.context.remaining() {
+                max_wait = max_wait.min(left);
+            }
+            let wait = remote::RemoteWait::new(remote.clone(), &key, limits, tokens, max_wait);
+            let clone = self.inner.clone();
+            let inner = std::mem::replace(&mut self.inner, clone);
+            return future::ResponseFuture::remote(inner, call, wait);
+        }
         let (held, waited) = match &self.slot {
             // A key per request: nothing was held in `poll_ready`.
             Slot::Empty => (None, Duration::ZERO),

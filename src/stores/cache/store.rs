@@ -14,7 +14,7 @@ use crate::types::ModelResponse;
 
 /// A store of cached model responses, each kept for a time to live.
 ///
-/// Object-safe: the [`CacheLayer`](super::CacheLayer) holds it as
+/// Object-safe: the [`CacheLayer`](crate::layers::cache::CacheLayer) holds it as
 /// `Arc<dyn CacheStore>`, so one store serves every clone of the layer and
 /// every agent built with it. [`MemoryStore`] is the in-memory one; a store
 /// shared by many processes (Redis, …) keys on [`CacheKey::to_hex`] and

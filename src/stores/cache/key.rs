@@ -12,7 +12,7 @@ use crate::types::{ModelRequest, ModelSettings, ToolSpec};
 const VERSION: &[u8] = b"tower-agent/cache/v1\0";
 
 /// The key a response is cached under: a SHA-256 of the request's model
-/// name, messages, tools and settings. See the [module docs](super).
+/// name, messages, tools and settings. See the [cache layer](crate::layers::cache).
 ///
 /// Equal requests have equal keys, in every process and across restarts (the
 /// parts are hashed as their wire JSON), so a shared store (Redis, …) can be
@@ -105,13 +105,13 @@ type SeenTools = (Arc<[ToolSpec]>, [u8; 32]);
 /// tool list it saw: an agent sends the same `Arc<[ToolSpec]>` every turn,
 /// so its schemas are hashed once, not once per turn.
 #[derive(Default)]
-pub(super) struct Keyer {
+pub(crate) struct Keyer {
     /// Holding the `Arc` keeps its address from being reused by another list.
     last_tools: Mutex<Option<SeenTools>>,
 }
 
 impl Keyer {
-    pub(super) fn key(&self, request: &ModelRequest) -> CacheKey {
+    pub(crate) fn key(&self, request: &ModelRequest) -> CacheKey {
         if request.tools.is_empty() {
             // Requests without tools each bring their own empty list.
             static NONE: LazyLock<[u8; 32]> = LazyLock::new(|| tools_digest(&[]));
