@@ -335,7 +335,6 @@ impl Middleware for Hooks {
         "hooks"
     }
 
-
     fn before_tool<'a>(
         &'a self,
         _ctx: &'a RunContext,

@@ -83,9 +83,12 @@ async fn the_cost_is_exact_under_retry_and_fallback() {
     let store = MemoryBudgetStore::new();
     let tenant = Budget::new("tenant").max_cost(cost("1")).daily();
     let model = ServiceBuilder::new()
-        .layer(LlmRetryLayer::from(RetryPolicy::new().max_attempts(3).backoff(
-            Backoff::new(Duration::from_millis(100), Duration::from_secs(1)),
-        )))
+        .layer(LlmRetryLayer::from(
+            RetryPolicy::new().max_attempts(3).backoff(Backoff::new(
+                Duration::from_millis(100),
+                Duration::from_secs(1),
+            )),
+        ))
         .layer(FallbackLayer::new().models(["small"]))
         .layer(
             BudgetLayer::new(prices)

@@ -97,7 +97,7 @@ impl HookPort for InstalledHooks {
         &'a self,
         ctx: &'a RunContext,
         input: &'a mut Message,
-        messages: &'a [Message],
+        messages: &'a History,
     ) -> HookFuture<'a, Vec<String>> {
         match (&self.outer, self.stack.has(HookPoint::BeforeRun)) {
             (None, false) => HookFuture::ok(Vec::new()),
