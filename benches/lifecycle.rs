@@ -40,7 +40,7 @@ impl Middleware for Noop {
         &'a self,
         _: &'a RunContext,
         _: &'a mut Message,
-        _: &'a [Message],
+        _: &'a History,
     ) -> Hook<'a, Option<String>> {
         Hook::skip()
     }

@@ -163,7 +163,7 @@ async fn main() -> Result<(), AgentError> {
         run.run_id,
         run.status.as_str()
     );
-    print_transcript(&run.messages);
+    print_transcript(&run.messages.to_contiguous());
 
     println!(
         "\nCounters: {} turns, {} model calls, {} tool calls",

@@ -285,7 +285,7 @@ pub(crate) trait HookPort: Send + Sync + 'static {
         &'a self,
         ctx: &'a RunContext,
         input: &'a mut Message,
-        messages: &'a [Message],
+        messages: &'a History,
     ) -> HookFuture<'a, Vec<String>>;
 
     /// Before each model turn.

@@ -92,7 +92,7 @@ async fn mock_moves_to_the_next_service_on_a_provider_error() {
     fail(&mut primary, ProviderError::unavailable("overloaded")).await;
     let (req, send) = settle(backup.next_request()).await.unwrap();
     assert_eq!(req.request.model, "backup");
-    assert_eq!(req.request.messages.as_slice(), &[Message::user("hi")]);
+    assert_eq!(req.request.messages.to_vec(), [Message::user("hi")]);
     // The service leaves the model empty: the fallback names who answered.
     send.send_response(ModelResponse::new("", Message::assistant("hello")));
     let response = settle(response).await.unwrap().unwrap();

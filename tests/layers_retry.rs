@@ -108,7 +108,7 @@ async fn mock_retries_a_provider_error_then_answers() {
     )
     .await;
     let (again, send) = settle(handle.next_request()).await.unwrap();
-    assert_eq!(again.request.messages.as_slice(), &[Message::user("hi")]);
+    assert_eq!(again.request.messages.to_vec(), [Message::user("hi")]);
     send.send_response(reply("hello"));
 
     let response = settle(response).await.unwrap().unwrap();

@@ -61,7 +61,7 @@ impl Middleware for Everything {
         &'a self,
         _: &'a RunContext,
         input: &'a mut Message,
-        _: &'a [Message],
+        _: &'a History,
     ) -> Hook<'a, Option<String>> {
         self.seen.push("before_run");
         input.set_text(format!("{} [checked]", input.text()));

@@ -54,7 +54,7 @@ impl Middleware for Context {
         &'a self,
         _: &'a RunContext,
         input: &'a mut Message,
-        messages: &'a [Message],
+        messages: &'a History,
     ) -> Hook<'a, Option<String>> {
         let text = input.text().trim().to_owned();
         input.set_text(text);

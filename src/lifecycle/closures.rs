@@ -66,7 +66,7 @@ impl Middleware for FnMiddleware {
         &'a self,
         ctx: &'a RunContext,
         input: &'a mut Message,
-        _messages: &'a [Message],
+        _messages: &'a History,
     ) -> Hook<'a, Option<String>> {
         match &self.hook {
             FnHook::BeforeRun(f) => Hook::ready(f(ctx, input).map(|()| None)),

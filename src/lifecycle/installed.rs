@@ -102,7 +102,7 @@ impl HookPort for InstalledHooks {
         &'a self,
         ctx: &'a RunContext,
         input: &'a mut Message,
-        messages: &'a [Message],
+        messages: &'a History,
     ) -> HookFuture<'a, Vec<String>> {
         // The only middleware here: no future boxed for an answer it has at once.
         if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::BeforeRun)) {

@@ -140,7 +140,7 @@ impl Middleware for LoggingMiddleware {
         &'a self,
         _: &'a RunContext,
         _: &'a mut Message,
-        _: &'a [Message],
+        _: &'a History,
     ) -> Hook<'a, Option<String>> {
         self.count(HookPoint::BeforeRun, None)
     }

@@ -216,7 +216,7 @@ pub trait Middleware: Send + Sync + 'static {
         &'a self,
         ctx: &'a RunContext,
         input: &'a mut Message,
-        messages: &'a [Message],
+        messages: &'a History,
     ) -> Hook<'a, Option<String>> {
         Hook::not_overridden()
     }

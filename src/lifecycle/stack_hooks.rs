@@ -357,7 +357,7 @@ impl CompiledStack {
         &self,
         ctx: &RunContext,
         input: &mut Message,
-        messages: &[Message],
+        messages: &History,
     ) -> Result<Vec<String>, AgentError> {
         let hook = HookPoint::BeforeRun;
         let mut texts = Vec::new();

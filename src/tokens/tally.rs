@@ -118,7 +118,7 @@ impl TokenTally {
         if keep < seen.counts.len() {
             seen.truncate(keep);
         }
-        for (i, message) in history[keep..].iter().enumerate() {
+        for (i, message) in history.iter().skip(keep).enumerate() {
             let tokens = self.counter.count_message(message);
             seen.counts.push(u32::try_from(tokens).unwrap_or(u32::MAX));
             seen.digests.push(history.prefix_digest(keep + i + 1));
@@ -178,7 +178,10 @@ mod tests {
         let after = tally.count(&history);
         assert_eq!(counter.0.load(Ordering::Relaxed), 1_001);
         assert_eq!(after, full + 3 + 1);
-        assert_eq!(after, EstimateCounter::new().count_messages(&history));
+        assert_eq!(
+            after,
+            EstimateCounter::new().count_messages(&history.to_vec())
+        );
     }
 
     #[test]
@@ -190,7 +193,10 @@ mod tests {
         history.to_mut()[90] = Message::user("changed, and longer than before");
         let after = tally.count(&history);
         assert_eq!(counter.0.load(Ordering::Relaxed), 100 + 10);
-        assert_eq!(after, EstimateCounter::new().count_messages(&history));
+        assert_eq!(
+            after,
+            EstimateCounter::new().count_messages(&history.to_vec())
+        );
     }
 
     #[test]
@@ -201,12 +207,12 @@ mod tests {
         history.truncate(10);
         assert_eq!(
             tally.count(&history),
-            EstimateCounter::new().count_messages(&history)
+            EstimateCounter::new().count_messages(&history.to_vec())
         );
         let other = History::from(vec![Message::system("another thread entirely")]);
         assert_eq!(
             tally.count(&other),
-            EstimateCounter::new().count_messages(&other)
+            EstimateCounter::new().count_messages(&other.to_vec())
         );
         assert_eq!(tally.counts(&History::new()), Vec::<u32>::new());
         assert_eq!(tally.count(&History::new()), REPLY_PRIMING);

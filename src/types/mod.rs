@@ -26,7 +26,7 @@ mod run;
 mod usage;
 
 pub use cost::{Amount, Cost, Decimal, Price, PriceTable};
-pub use history::History;
+pub use history::{History, Iter as HistoryIter};
 pub use message::{ContentPart, ImageUrl, Message, MessageContent, Role, ToolCall};
 pub use model::{
     FinishReason, JsonSchemaFormat, ModelDelta, ModelRequest, ModelResponse, ModelSettings,

@@ -139,7 +139,7 @@ impl Middleware for Recorder {
         &'a self,
         _: &'a RunContext,
         _: &'a mut Message,
-        _: &'a [Message],
+        _: &'a History,
     ) -> Hook<'a, Option<String>> {
         self.hook(HookPoint::BeforeRun, None)
     }

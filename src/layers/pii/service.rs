@@ -175,7 +175,7 @@ fn masked_history(run: &RunPii, history: &History) -> Result<(History, usize), P
     }
     let mut count = 0;
     let mut added = Vec::with_capacity(history.len() - state.source_len);
-    for message in &history[state.source_len..] {
+    for message in history.iter().skip(state.source_len) {
         added.push(mask_message(&state.session, message, &mut count)?);
     }
     state.masked.extend(added);

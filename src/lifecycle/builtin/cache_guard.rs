@@ -13,7 +13,7 @@ use crate::error::BoxError;
 use crate::lifecycle::edit_watch::{watch, EditWatch};
 use crate::lifecycle::{ModelMiddleware, ModelNext};
 use crate::request::ModelCall;
-use crate::types::{History, Message, ModelResponse};
+use crate::types::{History, ModelResponse};
 
 /// One change to a run's messages: who made it, and the messages before and
 /// after (shared, O(1) to keep).
@@ -65,11 +65,12 @@ impl EditWatch for EditLog {
     }
 }
 
-fn starts_with(messages: &[Message], prefix: &[Message]) -> bool {
-    messages.len() >= prefix.len() && messages[..prefix.len()] == *prefix
+fn starts_with(messages: &History, prefix: &History) -> bool {
+    messages.len() >= prefix.len()
+        && (messages.shares_prefix_with(prefix) || messages.iter().zip(prefix).all(|(a, b)| a == b))
 }
 
-fn common_prefix(a: &[Message], b: &[Message]) -> usize {
+fn common_prefix(a: &History, b: &History) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

@@ -177,7 +177,7 @@ impl ContextCompressionMiddleware {
     /// Where the older part starts and ends, if there is one worth
     /// compressing: after the leading system messages (an earlier summary is
     /// compressed again), up to a window start that is not a tool result.
-    fn plan(&self, messages: &[Message]) -> Option<(usize, usize)> {
+    fn plan(&self, messages: &History) -> Option<(usize, usize)> {
         let lead = messages
             .iter()
             .take_while(|m| m.role == Role::System && !is_summary(m))
@@ -196,17 +196,19 @@ impl ContextCompressionMiddleware {
         if !crate::hooks::before_compaction(ctx, messages).await? {
             return Ok(());
         }
-        let (kept_system, older): (Vec<Message>, Vec<Message>) = messages[lead..cut]
+        let (kept_system, older): (Vec<Message>, Vec<Message>) = messages
             .iter()
+            .skip(lead)
+            .take(cut - lead)
             .cloned()
             .partition(|m| m.role == Role::System && !is_summary(m));
         let summary = self.summarizer.summarize(ctx, &older).await?;
         let before = messages.len();
         let mut compressed = Vec::with_capacity(lead + kept_system.len() + 1 + before - cut);
-        compressed.extend_from_slice(&messages[..lead]);
+        compressed.extend(messages.iter().take(lead).cloned());
         compressed.extend(kept_system);
         compressed.push(Message::system(format!("{SUMMARY_HEADER}\n{summary}")));
-        compressed.extend_from_slice(&messages[cut..]);
+        compressed.extend(messages.iter().skip(cut).cloned());
         *messages = History::from(compressed);
         let record = SummaryRecord {
             run_id: ctx.run_id().clone(),

@@ -108,7 +108,7 @@ impl Middleware for MessageTrimMiddleware {
     }
 
     fn before_model<'a>(&'a self, _: &'a RunContext, messages: &'a mut History) -> Hook<'a, ()> {
-        if let Some(kept) = trim_messages(messages, self.strategy) {
+        if let Some(kept) = trim_messages(&messages.to_contiguous(), self.strategy) {
             *messages = History::from(kept);
         }
         Hook::ok(())
@@ -125,7 +125,7 @@ impl ModelMiddleware for MessageTrimMiddleware {
         mut call: ModelCall,
         next: ModelNext,
     ) -> BoxFuture<'a, Result<ModelResponse, BoxError>> {
-        if let Some(kept) = trim_messages(&call.request.messages, self.strategy) {
+        if let Some(kept) = trim_messages(&call.request.messages.to_contiguous(), self.strategy) {
             call.request.messages = History::from(kept);
         }
         Box::pin(next.run(call))

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::service::http::{response, tokens};
 use crate::types::{
-    FinishReason, Message, ModelRequest, ModelResponse, ResponseFormat, ToolCall, ToolSpec, Usage,
+    FinishReason, History, ModelRequest, ModelResponse, ResponseFormat, ToolCall, ToolSpec, Usage,
 };
 
 /// Which field carries `max_tokens`.
@@ -23,7 +23,7 @@ pub(crate) enum MaxTokensField {
 pub(crate) struct ChatRequest<'a> {
     #[serde(skip_serializing_if = "str::is_empty")]
     model: &'a str,
-    messages: &'a [Message],
+    messages: &'a History,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -81,7 +81,7 @@ impl<'a> ChatRequest<'a> {
         };
         Self {
             model,
-            messages: request.messages.as_slice(),
+            messages: &request.messages,
             // OpenAI refuses `parallel_tool_calls` without tools.
             parallel_tool_calls: settings.parallel_tool_calls.filter(|_| !tools.is_empty()),
             tools,
@@ -269,7 +269,7 @@ impl ChatCompletion {
 mod tests {
     use super::*;
     use crate::service::http::MAX_TOKENS;
-    use crate::types::{ModelSettings, Role};
+    use crate::types::{Message, ModelSettings, Role};
     use serde_json::json;
 
     fn request() -> ModelRequest {

@@ -203,7 +203,7 @@ impl<D: InjectionDetector> Middleware for InjectionGuardMiddleware<D> {
         &'a self,
         ctx: &'a RunContext,
         input: &'a mut Message,
-        _messages: &'a [Message],
+        _messages: &'a crate::types::History,
     ) -> Hook<'a, Option<String>> {
         if !self.input {
             return Hook::skip();

@@ -1,0 +1,146 @@
+//! The immutable pieces a [`History`](super::History) is made of.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use sha2::{Digest, Sha256};
+
+use crate::types::{ContentPart, Message, MessageContent};
+
+/// A run of messages. Mutated only while one history holds it (appends in
+/// place, truncation, edits); once shared it is read-only, and every history
+/// holding it has the same messages before it, so its cached digests, chained
+/// from the digest of what precedes it, are valid for all of them.
+pub(super) struct Chunk {
+    pub(super) messages: Vec<Message>,
+    cache: Mutex<Cache>,
+}
+
+/// Digests and text sizes of the chunk's prefixes, each extended on demand.
+#[derive(Clone, Default)]
+struct Cache {
+    /// The digest of everything before the chunk, `digests` is chained from.
+    base: [u8; 16],
+    /// `digests[i]` digests the history up to and with `messages[i]`.
+    digests: Vec<[u8; 16]>,
+    /// `text_lens[i]` sums the text of `messages[..=i]`.
+    text_lens: Vec<u64>,
+}
+
+impl Chunk {
+    pub(super) fn new(messages: Vec<Message>) -> Self {
+        Self {
+            messages,
+            cache: Mutex::default(),
+        }
+    }
+
+    fn cache(&self) -> MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The digest of the history up to and with `messages[..len]`, given the
+    /// digest `base` of what precedes the chunk.
+    pub(super) fn digest(&self, base: [u8; 16], len: usize) -> [u8; 16] {
+        let len = len.min(self.messages.len());
+        let mut cache = self.cache();
+        if cache.base != base {
+            cache.base = base;
+            cache.digests.clear();
+        }
+        let digests = &mut cache.digests;
+        while digests.len() < len {
+            let previous = digests.last().copied().unwrap_or(base);
+            let mut hasher = Sha256::new();
+            hasher.update(previous);
+            feed(&mut hasher, &self.messages[digests.len()]);
+            let mut digest = [0; 16];
+            digest.copy_from_slice(&hasher.finalize()[..16]);
+            digests.push(digest);
+        }
+        len.checked_sub(1).map_or(base, |last| digests[last])
+    }
+
+    /// The summed [`Message::text_len`] of every message of the chunk.
+    pub(super) fn text_len(&self) -> u64 {
+        let mut cache = self.cache();
+        let lens = &mut cache.text_lens;
+        while lens.len() < self.messages.len() {
+            let previous = lens.last().copied().unwrap_or(0);
+            lens.push(previous + self.messages[lens.len()].text_len() as u64);
+        }
+        lens.last().copied().unwrap_or(0)
+    }
+
+    /// Mutable messages (the chunk is held by one history only); the cache
+    /// is forgotten, since the caller may edit anything.
+    pub(super) fn edit(&mut self) -> &mut Vec<Message> {
+        *self.cache.get_mut().unwrap_or_else(PoisonError::into_inner) = Cache::default();
+        &mut self.messages
+    }
+
+    /// Appends in place (the chunk is held by one history only).
+    pub(super) fn push(&mut self, message: Message) {
+        self.messages.push(message);
+    }
+
+    /// Keeps the first `len` messages and their cached digests.
+    pub(super) fn truncate(&mut self, len: usize) {
+        self.messages.truncate(len);
+        let cache = self.cache.get_mut().unwrap_or_else(PoisonError::into_inner);
+        cache.digests.truncate(len);
+        cache.text_lens.truncate(len);
+    }
+}
+
+/// Feeds one message to a hasher in a fixed binary layout: every field
+/// tagged or length-prefixed, so no two different messages feed the same
+/// bytes. Stable across processes and versions (change it only with a new
+/// layout tag).
+fn feed(hasher: &mut Sha256, message: &Message) {
+    fn text(hasher: &mut Sha256, text: &str) {
+        hasher.update((text.len() as u64).to_le_bytes());
+        hasher.update(text.as_bytes());
+    }
+    fn optional(hasher: &mut Sha256, value: Option<&str>) {
+        match value {
+            None => hasher.update([0]),
+            Some(value) => {
+                hasher.update([1]);
+                text(hasher, value);
+            }
+        }
+    }
+    hasher.update([1, message.role as u8]);
+    match &message.content {
+        None => hasher.update([0]),
+        Some(MessageContent::Text(content)) => {
+            hasher.update([1]);
+            text(hasher, content);
+        }
+        Some(MessageContent::Parts(parts)) => {
+            hasher.update([2]);
+            hasher.update((parts.len() as u64).to_le_bytes());
+            for part in parts {
+                match part {
+                    ContentPart::Text { text: content } => {
+                        hasher.update([0]);
+                        text(hasher, content);
+                    }
+                    ContentPart::ImageUrl { image_url } => {
+                        hasher.update([1]);
+                        text(hasher, &image_url.url);
+                        optional(hasher, image_url.detail.as_deref());
+                    }
+                }
+            }
+        }
+    }
+    hasher.update((message.tool_calls.len() as u64).to_le_bytes());
+    for call in &message.tool_calls {
+        text(hasher, &call.id);
+        text(hasher, &call.name);
+        text(hasher, &call.arguments);
+    }
+    optional(hasher, message.tool_call_id.as_deref());
+    optional(hasher, message.name.as_deref());
+}
