@@ -71,7 +71,8 @@ fn guard_sink(
     failure: Arc<DeltaFailure>,
     hooks: impl Fn(&mut ModelDelta) -> Result<(), AgentError> + Send + Sync + 'static,
 ) -> DeltaSink {
-    DeltaSink::new(move |delta| {
+    let provisional = downstream.as_ref().is_some_and(DeltaSink::is_provisional);
+    let guarded = move |delta: &ModelDelta| {
         if failure.failed.load(Ordering::Acquire) {
             return;
         }
@@ -84,7 +85,13 @@ fn guard_sink(
             }
             Err(err) => failure.fail(err),
         }
-    })
+    };
+    // Deltas the run holds stay provisional: a retry may still replay the call.
+    if provisional {
+        DeltaSink::provisional(guarded)
+    } else {
+        DeltaSink::new(guarded)
+    }
 }
 
 /// One model call through `stack`'s part of the onion. Delta hooks see the
