@@ -42,7 +42,7 @@ fn prose(bytes: usize) -> String {
     while out.len() < bytes {
         out.push_str(SENTENCES[i % SENTENCES.len()]);
         out.push(' ');
-        i = i * 7 + 3;
+        i = (i * 7 + 3) % SENTENCES.len();
     }
     out
 }
