@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
+use tower_agent::lifecycle::builtin::limits::{ModelCallLimitMiddleware, ModelLimitAction};
 use tower_agent::prelude::*;
 use tower_agent::service::{box_model, BoxModel};
 use tower_agent::types::ModelDelta;
@@ -141,6 +142,13 @@ async fn main() -> Result<(), AgentError> {
         .model(model)
         .tools(tools)
         .max_turns(6)
+        // A real model may keep calling tools; after five calls the run
+        // stops gracefully (status *stopped*) instead of failing.
+        .middleware(
+            ModelCallLimitMiddleware::new()
+                .run_limit(5)
+                .on_limit(ModelLimitAction::Stop),
+        )
         .build()?;
 
     // The answer's text, printed as the model streams it.
