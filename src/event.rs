@@ -196,6 +196,21 @@ pub enum AgentEvent {
         /// How many values were replaced.
         count: usize,
     },
+    /// A shared store (the cache, a quota, a budget ledger, the checkpoint
+    /// store) could not answer; the layer went on as its fail policy says.
+    StoreFailed {
+        /// The run.
+        run_id: Arc<str>,
+        /// Which store: `cache`, `quota`, `budget` or `checkpoint`.
+        store: &'static str,
+        /// What it was asked: `get`, `put`, `reserve`, `settle` or `save`.
+        operation: &'static str,
+        /// The store's error.
+        error: String,
+        /// Whether the call went on without the store (fail open) or
+        /// failed with its error (fail closed).
+        failed_open: bool,
+    },
     /// The run paused with tool calls waiting for a decision.
     RunPaused {
         /// The run.

@@ -341,6 +341,44 @@ async fn a_failing_store_fails_open() {
     }
 }
 
+/// The store failures of `sink`: (store, operation, failed open).
+fn store_failures(sink: &CollectingSink) -> Vec<(&'static str, &'static str, bool)> {
+    sink.events()
+        .into_iter()
+        .filter_map(|e| match e {
+            AgentEvent::StoreFailed {
+                store,
+                operation,
+                failed_open,
+                ..
+            } => Some((store, operation, failed_open)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_failing_store_is_reported_in_the_events() {
+    for at_once in [false, true] {
+        let (model, _calls) = counting_model();
+        let mut cache = CacheLayer::new().store(Down { at_once }).layer(model);
+        let (ctx, sink) = watched();
+        let response = cache
+            .ready()
+            .await
+            .unwrap()
+            .call(ModelCall::new(request("hi"), ctx))
+            .await
+            .unwrap();
+        assert_eq!(response.message.text(), "answer 1");
+        assert_eq!(
+            store_failures(&sink),
+            [("cache", "get", true), ("cache", "put", true)],
+            "at once: {at_once}"
+        );
+    }
+}
+
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct City {
     city: String,

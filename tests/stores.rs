@@ -117,6 +117,33 @@ async fn redis_cache_entries_carry_their_ttl() {
     assert!(pttl > 25_000 && pttl <= 30_000, "{pttl}");
 }
 
+/// A settlement made before the next reservation of its key rides on it,
+/// and is applied exactly once: the settling future then sends nothing.
+#[cfg(feature = "redis")]
+#[tokio::test]
+#[ignore = "needs redis-server; run by scripts/peers/run-redis-tests.sh"]
+async fn redis_settlement_rides_on_the_next_reservation() {
+    use std::time::Duration;
+    use tower_agent::stores::quota::{Limits, QuotaStore, Reservation};
+
+    let store = tower_agent::stores::redis::RedisQuotaStore::new(on_redis::connection());
+    let limits = Limits::new().tokens(100, Duration::from_secs(60));
+    let first = store.reserve("fold", limits, 1, 100).await.unwrap();
+    assert_eq!(first, Reservation::Admitted { tokens: 100 });
+    // Used 20 of the 100 reserved; the settling future is not run yet.
+    let settling = store.settle("fold", limits, 100, 20);
+    // The next reservation carries the refund: 80 came back.
+    let second = store.reserve("fold", limits, 1, 79).await.unwrap();
+    assert_eq!(second, Reservation::Admitted { tokens: 79 });
+    // The settling future finds the refund taken, and refunds nothing twice:
+    // 99 of 100 are in use, so 2 more wait.
+    settling.await.unwrap();
+    assert!(matches!(
+        store.reserve("fold", limits, 1, 2).await.unwrap(),
+        Reservation::Wait(_)
+    ));
+}
+
 /// Behind a store, the calls of one process still wait in arrival order,
 /// and a call that waited reports it.
 #[tokio::test(start_paused = true)]

@@ -17,6 +17,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_agent::error::kind_of;
+use tower_agent::event::{AgentEvent, CollectingSink};
 use tower_agent::layers::cache::CacheLayer;
 use tower_agent::layers::rate_limit::ModelRateLimitLayer;
 use tower_agent::stores::budget::{BudgetLine, BudgetStore, Spend};
@@ -420,16 +421,38 @@ async fn stores_fail_as_they_say_and_recover_after_a_restart() {
 
     server.down();
     // The cache fails open (a miss), the quota closed: UNAVAILABLE, and the
-    // model is not called.
+    // model is not called. Both failures are in the run's events.
+    let sink = CollectingSink::new();
+    let watched = ModelCall::new(
+        ModelRequest::new("m", vec![Message::user("a")]),
+        RunContext::builder().events(sink.clone()).build(),
+    );
     let err = closed
         .ready()
         .await
         .unwrap()
-        .call(call("a"))
+        .call(watched)
         .await
         .unwrap_err();
     assert_eq!(kind_of(err.as_ref()), ErrorKind::Unavailable, "{err}");
     assert_eq!(model.requests().len(), 2);
+    let failures: Vec<_> = sink
+        .events()
+        .into_iter()
+        .filter_map(|e| match e {
+            AgentEvent::StoreFailed {
+                store,
+                operation,
+                failed_open,
+                ..
+            } => Some((store, operation, failed_open)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        failures,
+        [("cache", "get", true), ("quota", "reserve", false)]
+    );
     // Told to fail open, the quota lets the call through.
     open.ready()
         .await

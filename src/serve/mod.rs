@@ -62,11 +62,12 @@ use std::time::Duration;
 use axum::routing::{get, post};
 use axum::Router;
 use tower::util::BoxCloneSyncService;
-use tower::Service;
+use tower::{Layer, Service};
 
 pub use error::ApiError;
 
 use crate::error::AgentError;
+use crate::lifecycle::{MiddlewareStack, Runtime};
 use crate::request::RunRequest;
 use crate::stores::{CheckpointStore, InMemoryCheckpointStore};
 use crate::types::AgentRun;
@@ -129,6 +130,7 @@ impl Inner {
 /// Cheap: clones share the agents, the store and the table of runs.
 #[derive(Clone)]
 pub struct AgentServer {
+    runtime: Option<Runtime>,
     agents: HashMap<String, ServedAgent>,
     default_agent: Option<String>,
     store: Arc<dyn CheckpointStore>,
@@ -145,6 +147,7 @@ impl AgentServer {
     /// A server with no agents and an in-memory checkpoint store.
     pub fn new() -> Self {
         Self {
+            runtime: None,
             agents: HashMap::new(),
             default_agent: None,
             store: Arc::new(InMemoryCheckpointStore::new()),
@@ -152,7 +155,40 @@ impl AgentServer {
         }
     }
 
-    /// Serves `agent` under `name`, replacing an agent of that name.
+    /// A server whose agents all run inside `runtime`'s middleware: every
+    /// agent given to [`agent`](Self::agent) or [`agents`](Self::agents)
+    /// afterwards is wrapped in [`Runtime::layer`], so the runtime's hooks
+    /// bracket each served run (and, as always, the runs nested in it).
+    /// Give it agents without the runtime's layer of their own.
+    ///
+    /// ```
+    /// use tower_agent::lifecycle::{MiddlewareStack, Runtime};
+    /// use tower_agent::serve::AgentServer;
+    /// use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
+    ///
+    /// let audit = MiddlewareStack::new().after_agent("audit", |ctx, _outcome| {
+    ///     tracing::info!(run = %ctx.run_id(), "served");
+    ///     Ok(())
+    /// });
+    /// let agent = Agent::builder("greeter")
+    ///     .model(ScriptedModel::new([ScriptedTurn::text("Hello!")]))
+    ///     .build()
+    ///     .unwrap();
+    /// let app = AgentServer::from_runtime(Runtime::new(audit))
+    ///     .agent("greeter", agent)
+    ///     .router();
+    /// # drop(app);
+    /// ```
+    pub fn from_runtime(runtime: Runtime) -> Self {
+        Self {
+            runtime: Some(runtime),
+            ..Self::new()
+        }
+    }
+
+    /// Serves `agent` under `name`, replacing an agent of that name (inside
+    /// the runtime's middleware, for a server [built from a
+    /// runtime](Self::from_runtime)).
     pub fn agent<S>(mut self, name: impl Into<String>, agent: S) -> Self
     where
         S: Service<RunRequest, Response = AgentRun, Error = AgentError>
@@ -162,8 +198,13 @@ impl AgentServer {
             + 'static,
         S::Future: Send + 'static,
     {
-        self.agents
-            .insert(name.into(), BoxCloneSyncService::new(agent));
+        let served = match &self.runtime {
+            Some(runtime) => {
+                BoxCloneSyncService::new(runtime.layer(MiddlewareStack::new()).layer(agent))
+            }
+            None => BoxCloneSyncService::new(agent),
+        };
+        self.agents.insert(name.into(), served);
         self
     }
 

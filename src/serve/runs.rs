@@ -16,7 +16,7 @@ use super::ServedAgent;
 use crate::context::RunContext;
 use crate::event::AgentEvent;
 use crate::request::{DeltaSink, RunRequest};
-use crate::stores::CheckpointStore;
+use crate::stores::{report_failure, CheckpointStore};
 use crate::types::{AgentRun, ModelDelta, PendingCall, RunStatus};
 
 /// How many finished runs `GET /v1/runs/{id}` still knows.
@@ -219,6 +219,7 @@ pub(crate) fn start(
     let name = agent_name.to_owned();
     let id = run_id.clone();
     tokio::spawn(async move {
+        let ctx = request.context.clone();
         let outcome = match agent.oneshot(request).await {
             Ok(run) => match &run.status {
                 RunStatus::Paused(checkpoint) => match store.put((**checkpoint).clone()).await {
@@ -226,7 +227,10 @@ pub(crate) fn start(
                         run,
                         version: Some(version),
                     }),
-                    Err(e) => Err(ApiError::from(e)),
+                    Err(e) => {
+                        report_failure(&ctx, "checkpoint", "save", &e, false);
+                        Err(ApiError::from(e))
+                    }
                 },
                 _ => Ok(Finished { run, version: None }),
             },

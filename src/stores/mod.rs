@@ -23,6 +23,9 @@ pub mod quota;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+use crate::context::RunContext;
+use crate::event::AgentEvent;
+
 pub use checkpoint::{CheckpointError, CheckpointStore, InMemoryCheckpointStore, StoredCheckpoint};
 
 /// What a store-backed layer does when its store cannot answer.
@@ -36,4 +39,28 @@ pub enum FailPolicy {
     /// Let the call through as if the store had said yes (logged with
     /// `tracing` at `warn`).
     Open,
+}
+
+/// Reports that a store failed: a `tracing` warning and an
+/// [`AgentEvent::StoreFailed`] in the run's events, from one place.
+pub(crate) fn report_failure(
+    ctx: &RunContext,
+    store: &'static str,
+    operation: &'static str,
+    error: &dyn std::fmt::Display,
+    failed_open: bool,
+) {
+    let outcome = if failed_open {
+        "going on without it (fail open)"
+    } else {
+        "failing the call (fail closed)"
+    };
+    tracing::warn!(run_id = %ctx.run_id(), store, operation, %error, "{store} store failed to {operation}; {outcome}");
+    ctx.emit(|| AgentEvent::StoreFailed {
+        run_id: ctx.run_id().clone(),
+        store,
+        operation,
+        error: error.to_string(),
+        failed_open,
+    });
 }

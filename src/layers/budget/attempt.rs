@@ -12,6 +12,7 @@ use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::request::ModelCall;
 use crate::stores::budget::{BudgetLine, BudgetStore, Reservation, Spend};
+use crate::stores::report_failure;
 use crate::types::{Cost, ModelResponse, Price, Usage};
 
 /// The reservations of one attempt; settled once, also when the attempt
@@ -47,7 +48,7 @@ impl Holds {
     async fn settle(mut self, actual: Spend) {
         for (store, reservation) in std::mem::take(&mut self.held) {
             if let Err(err) = store.settle(reservation, actual).await {
-                tracing::warn!(error = %err, "the budget store failed to settle a call");
+                report_failure(&self.ctx, "budget", "settle", &err, true);
             }
         }
     }
@@ -60,9 +61,12 @@ impl Drop for Holds {
         }
         let actual = spend(self.price.as_ref(), &recorded_since(&self.ctx, self.before));
         let held = std::mem::take(&mut self.held);
+        let ctx = self.ctx.clone();
         let mut settle = Box::pin(async move {
             for (store, reservation) in held {
-                let _ = store.settle(reservation, actual).await;
+                if let Err(err) = store.settle(reservation, actual).await {
+                    report_failure(&ctx, "budget", "settle", &err, true);
+                }
             }
         });
         // A store that answers at once settles here; one that waits, on the
@@ -107,11 +111,15 @@ where
                     err.downcast_ref::<AgentError>(),
                     Some(AgentError::BudgetExceeded(_))
                 );
-                if refused || !config.fail_open {
+                if refused {
                     holds.settle(Spend::ZERO).await;
                     return Err(err);
                 }
-                tracing::warn!(error = %err, "the budget store failed; the call goes unheld");
+                report_failure(&holds.ctx, "budget", "reserve", &err, config.fail_open);
+                if !config.fail_open {
+                    holds.settle(Spend::ZERO).await;
+                    return Err(err);
+                }
             }
         }
     }

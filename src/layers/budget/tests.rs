@@ -274,3 +274,40 @@ async fn a_failing_store_fails_the_call_unless_fail_open() {
         .await
         .unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_store_is_reported_in_the_events() {
+    for fail_open in [false, true] {
+        let sink = crate::event::CollectingSink::new();
+        let ctx = RunContext::builder()
+            .state(Tenant::new("acme"))
+            .events(sink.clone())
+            .build();
+        let result = BudgetLayer::new(prices())
+            .store(Broken)
+            .per_tenant(Budget::new("tenant").max_tokens(10))
+            .fail_open(fail_open)
+            .layer(answering(Usage::new(1, 1)))
+            .oneshot(call(&ctx, "m"))
+            .await;
+        assert_eq!(result.is_ok(), fail_open);
+        let failures: Vec<_> = sink
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                crate::event::AgentEvent::StoreFailed {
+                    store,
+                    operation,
+                    error,
+                    failed_open,
+                    ..
+                } => Some((store, operation, error, failed_open)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            failures,
+            [("budget", "reserve", "the store is down".to_owned(), fail_open)]
+        );
+    }
+}

@@ -90,10 +90,12 @@ use std::time::Duration;
 
 use tower::{Layer, Service};
 
+use crate::context::RunContext;
 use crate::error::BoxError;
 use crate::event::AgentEvent;
 use crate::request::ModelCall;
 use crate::stores::cache::Keyer;
+use crate::stores::report_failure;
 use crate::types::{ModelDelta, ModelRequest, ModelResponse, Usage};
 
 /// Applies [`Cache`] to a model service. See the [module docs](self).
@@ -257,12 +259,11 @@ where
             match found {
                 Ok(Some(response)) => return future::ResponseFuture::hit(hit(response, &call)),
                 Ok(None) => {}
-                Err(err) => {
-                    tracing::warn!(%key, error = %err, "cache store get failed; treated as a miss");
-                }
+                Err(err) => report_failure(&call.context, "cache", "get", &err, true),
             }
             let shared = self.shared.clone();
-            return future::ResponseFuture::miss(self.inner.call(call), key, shared);
+            let ctx = call.context.clone();
+            return future::ResponseFuture::miss(self.inner.call(call), key, shared, ctx);
         }
         // The ready service goes into the future; a clone stays here.
         let clone = self.inner.clone();
@@ -284,26 +285,27 @@ where
     match shared.store.get(key).await {
         Ok(Some(response)) => return Ok(hit(response, &call)),
         Ok(None) => {}
-        Err(err) => tracing::warn!(%key, error = %err, "cache store get failed; treated as a miss"),
+        Err(err) => report_failure(&call.context, "cache", "get", &err, true),
     }
+    let ctx = call.context.clone();
     let response = inner.call(call).await?;
-    store(&shared, key, &response).await;
+    store(&shared, &ctx, key, &response).await;
     Ok(response)
 }
 
 /// Stores the answer of a miss; a failure is logged, not returned.
-async fn store(shared: &Shared, key: CacheKey, response: &ModelResponse) {
+async fn store(shared: &Shared, ctx: &RunContext, key: CacheKey, response: &ModelResponse) {
     let stored = match shared.store.put_now(key, response, shared.ttl) {
         Some(stored) => stored,
         None => shared.store.put(key, response.clone(), shared.ttl).await,
     };
-    log_put(key, stored);
+    report_put(ctx, stored);
 }
 
-/// The cache is fail-open: a failed put is logged, and the answer returned.
-fn log_put(key: CacheKey, stored: Result<(), BoxError>) {
+/// The cache is fail-open: a failed put is reported, and the answer returned.
+fn report_put(ctx: &RunContext, stored: Result<(), BoxError>) {
     if let Err(err) = stored {
-        tracing::warn!(%key, error = %err, "cache store put failed; response not cached");
+        report_failure(ctx, "cache", "put", &err, true);
     }
 }
 
@@ -346,6 +348,7 @@ pub mod future {
     use pin_project_lite::pin_project;
 
     use super::{CacheKey, Shared};
+    use crate::context::RunContext;
     use crate::types::ModelResponse;
 
     pin_project! {
@@ -370,6 +373,7 @@ pub mod future {
                 fut: F,
                 key: CacheKey,
                 shared: Arc<Shared>,
+                ctx: RunContext,
             },
             Storing {
                 store: BoxFuture<'static, ()>,
@@ -394,9 +398,14 @@ pub mod future {
             }
         }
 
-        pub(super) fn miss(fut: F, key: CacheKey, shared: Arc<Shared>) -> Self {
+        pub(super) fn miss(fut: F, key: CacheKey, shared: Arc<Shared>, ctx: RunContext) -> Self {
             Self {
-                kind: Kind::Miss { fut, key, shared },
+                kind: Kind::Miss {
+                    fut,
+                    key,
+                    shared,
+                    ctx,
+                },
             }
         }
 
@@ -423,13 +432,19 @@ pub mod future {
                             .take()
                             .expect("ResponseFuture polled after completion")))
                     }
-                    KindProj::Miss { fut, key, shared } => {
+                    KindProj::Miss {
+                        fut,
+                        key,
+                        shared,
+                        ctx,
+                    } => {
                         let response = ready!(fut.poll(cx))?;
                         let Some(stored) = shared.store.put_now(*key, &response, shared.ttl) else {
                             // The store waits: store from a boxed future.
                             let (shared, key, copy) = (shared.clone(), *key, response.clone());
+                            let ctx = ctx.clone();
                             let store = Box::pin(async move {
-                                super::log_put(key, shared.store.put(key, copy, shared.ttl).await);
+                                super::report_put(&ctx, shared.store.put(key, copy, shared.ttl).await);
                             });
                             kind.set(Kind::Storing {
                                 store,
@@ -437,7 +452,7 @@ pub mod future {
                             });
                             continue;
                         };
-                        super::log_put(*key, stored);
+                        super::report_put(ctx, stored);
                         return Poll::Ready(Ok(response));
                     }
                     KindProj::Storing { store, response } => {

@@ -216,11 +216,13 @@ where
                 }
                 StateProj::Remote { waiting } => {
                     let Remote { wait, call, inner } = &mut **waiting;
-                    let (ticket, waited) = match ready!(wait.poll_admitted(cx)) {
+                    let ctx = &call.as_ref().expect("called once").context;
+                    let (ticket, waited) = match ready!(wait.poll_admitted(cx, ctx)) {
                         Ok(admitted) => admitted,
                         Err(refused) => return Poll::Ready(Err(refused)),
                     };
                     let call = call.take().expect("called once");
+                    let ticket = ticket.map(|ticket| ticket.for_run(&call.context));
                     if !waited.is_zero() {
                         let ctx = &call.context;
                         ctx.emit(|| AgentEvent::RateLimitWait {

@@ -14,9 +14,10 @@ use futures::future::BoxFuture;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::{Instant, Sleep};
 
+use crate::context::RunContext;
 use crate::error::{BoxError, ProviderError, RateLimited};
 use crate::stores::quota::{Limits, QuotaStore, Reservation};
-use crate::stores::FailPolicy;
+use crate::stores::{report_failure, FailPolicy};
 
 type Turn = Arc<tokio::sync::Mutex<()>>;
 
@@ -68,9 +69,16 @@ pub(super) struct RemoteTicket {
     key: Arc<str>,
     limits: Limits,
     reserved: u64,
+    ctx: Option<RunContext>,
 }
 
 impl RemoteTicket {
+    /// The run whose events report a failed settlement.
+    pub(super) fn for_run(mut self, ctx: &RunContext) -> Self {
+        self.ctx = Some(ctx.clone());
+        self
+    }
+
     /// Settles the tokens with the real count, in the background: the
     /// response does not wait for the store.
     pub(super) fn settle(self, actual: u64) {
@@ -80,10 +88,13 @@ impl RemoteTicket {
         let fut = self
             .store
             .settle(&self.key, self.limits, self.reserved, actual);
-        let key = self.key;
+        let (key, ctx) = (self.key, self.ctx);
         let settle = async move {
             if let Err(e) = fut.await {
-                tracing::warn!(key = %key, error = %e, "rate limit: settlement failed");
+                match &ctx {
+                    Some(ctx) => report_failure(ctx, "quota", "settle", &e, true),
+                    None => tracing::warn!(key = %key, error = %e, "rate limit: settlement failed"),
+                }
             }
         };
         match tokio::runtime::Handle::try_current() {
@@ -151,6 +162,7 @@ impl RemoteWait {
     pub(super) fn poll_admitted(
         &mut self,
         cx: &mut Context<'_>,
+        ctx: &RunContext,
     ) -> Poll<Result<(Option<RemoteTicket>, Duration), BoxError>> {
         if self.guard.is_none() {
             if let Some(turn) = self.turn.take() {
@@ -182,6 +194,7 @@ impl RemoteWait {
                         key: self.key.clone(),
                         limits: self.limits,
                         reserved: tokens,
+                        ctx: None,
                     };
                     return Poll::Ready(Ok((Some(ticket), waited)));
                 }
@@ -197,13 +210,11 @@ impl RemoteWait {
                     self.guard = None;
                     return Poll::Ready(match self.remote.policy {
                         FailPolicy::Open => {
-                            tracing::warn!(key = %self.key, error = %e,
-                                "rate limit: quota store failed; admitting (fail open)");
+                            report_failure(ctx, "quota", "reserve", &e, true);
                             Ok((None, waited))
                         }
                         FailPolicy::Closed => {
-                            tracing::warn!(key = %self.key, error = %e,
-                                "rate limit: quota store failed; refusing (fail closed)");
+                            report_failure(ctx, "quota", "reserve", &e, false);
                             let message = format!("rate limit store for `{}`: {e}", self.key);
                             Err(ProviderError::unavailable(message).into())
                         }

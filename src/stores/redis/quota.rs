@@ -1,5 +1,8 @@
 //! [`RedisQuotaStore`]: the rate limit's quota on Redis, one Lua script per
-//! reservation and one per settlement.
+//! reservation, with the settlements of earlier calls folded into it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 use redis::Script;
@@ -12,11 +15,24 @@ use crate::stores::quota::{micros, Limits, QuotaStore, Rate, Reservation};
 /// both times) only if both fit; otherwise changes nothing and returns the
 /// wait in µs.
 ///
+/// First it moves the tokens' time by ARGV[7] tokens, the settlements
+/// folded into this call (see [`SETTLE`]).
+///
 /// KEYS: requests time, tokens time. ARGV per bucket: amount, interval in
-/// µs, need (an amount of 0 means no limit).
+/// µs, need (an amount of 0 means no limit); then the folded tokens.
 const RESERVE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local fold, amount, per = tonumber(ARGV[7]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if fold ~= 0 and amount > 0 then
+  local v = redis.call('GET', KEYS[2])
+  local tat = now
+  if v then tat = tonumber(v) end
+  if fold > 0 then tat = math.max(tat, now) + fold * per / amount
+  else tat = math.max(tat + fold * per / amount, now) end
+  if tat <= now then redis.call('DEL', KEYS[2])
+  else redis.call('SET', KEYS[2], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1) end
+end
 local function plan(key, amount, per, need)
   if amount <= 0 or need <= 0 then return nil, 0 end
   if need > amount then need = amount end
@@ -59,8 +75,12 @@ return 0
 /// quota whatever its own clock says. See [the algorithm](crate::stores::quota#the-algorithm-gcra).
 ///
 /// A reservation is one `EVALSHA` (both buckets, atomically: both or
-/// neither), a settlement another, and a call whose estimate was exact
-/// settles without one. Keys expire once their bucket has refilled.
+/// neither). A settlement waits in the process for the next reservation of
+/// its key, which carries it in the same script: under load a call costs one
+/// round trip. A settlement that finds no reservation after it (the
+/// settling task runs after the calls queued before it) is sent on its own,
+/// and one that fails is kept for the next call. A call whose estimate was
+/// exact settles with nothing. Keys expire once their bucket has refilled.
 ///
 /// # Errors
 ///
@@ -86,6 +106,7 @@ pub struct RedisQuotaStore {
     redis: RedisConnection,
     reserve: Script,
     settle: Script,
+    folds: Folds,
 }
 
 impl RedisQuotaStore {
@@ -95,7 +116,29 @@ impl RedisQuotaStore {
             redis,
             reserve: Script::new(RESERVE),
             settle: Script::new(SETTLE),
+            folds: Folds::default(),
         }
+    }
+}
+
+/// Settlements not yet sent, per tokens key: tokens to add (or, negative,
+/// give back). Shared by clones, so every clone's calls carry them.
+#[derive(Debug, Clone, Default)]
+struct Folds(Arc<Mutex<HashMap<String, i128>>>);
+
+impl Folds {
+    fn add(&self, key: &str, tokens: i128) {
+        let mut folds = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = folds.entry(key.to_owned()).or_default();
+        *entry += tokens;
+        if *entry == 0 {
+            folds.remove(key);
+        }
+    }
+
+    fn take(&self, key: &str) -> i128 {
+        let mut folds = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        folds.remove(key).unwrap_or(0)
     }
 }
 
@@ -121,19 +164,25 @@ impl QuotaStore for RedisQuotaStore {
         let (ta, tp) = rate_args(limits.token_rate());
         let request_key = self.redis.key("quota", &format!("{key}:requests"));
         let token_key = self.redis.key("quota", &format!("{key}:tokens"));
+        // Taken now, in call order: a settlement made before this call rides
+        // on it.
+        let fold = if ta > 0 { self.folds.take(&token_key) } else { 0 };
+        let folds = self.folds.clone();
         let mut conn = self.redis.manager();
         Box::pin(async move {
-            let (admitted, wait): (u8, u64) = script
+            let reserved: Result<(u8, u64), _> = script
                 .key(request_key)
-                .key(token_key)
+                .key(&token_key)
                 .arg(ra)
                 .arg(rp)
                 .arg(requests)
                 .arg(ta)
                 .arg(tp)
                 .arg(tokens)
+                .arg(fold.to_string())
                 .invoke_async(&mut conn)
-                .await?;
+                .await;
+            let (admitted, wait) = reserved.inspect_err(|_| folds.add(&token_key, fold))?;
             Ok(if admitted == 1 {
                 Reservation::Admitted {
                     tokens: limits.token_rate().map_or(0, |r| tokens.min(r.amount())),
@@ -155,18 +204,27 @@ impl QuotaStore for RedisQuotaStore {
             return Box::pin(std::future::ready(Ok(())));
         };
         let (amount, per) = rate_args(Some(rate));
-        let diff = i128::from(actual) - i128::from(reserved);
-        let script = self.settle.clone();
         let token_key = self.redis.key("quota", &format!("{key}:tokens"));
+        // Waits for the next reservation of the key; what none took by the
+        // time this future runs is sent on its own.
+        self.folds
+            .add(&token_key, i128::from(actual) - i128::from(reserved));
+        let script = self.settle.clone();
+        let folds = self.folds.clone();
         let mut conn = self.redis.manager();
         Box::pin(async move {
-            let _: i64 = script
-                .key(token_key)
+            let diff = folds.take(&token_key);
+            if diff == 0 {
+                return Ok(());
+            }
+            let settled: Result<i64, _> = script
+                .key(&token_key)
                 .arg(amount)
                 .arg(per)
                 .arg(diff.to_string())
                 .invoke_async(&mut conn)
-                .await?;
+                .await;
+            settled.inspect_err(|_| folds.add(&token_key, diff))?;
             Ok(())
         })
     }
