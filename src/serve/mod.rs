@@ -162,12 +162,18 @@ impl AgentServer {
     /// Give it agents without the runtime's layer of their own.
     ///
     /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// use tower::ServiceExt;
     /// use tower_agent::lifecycle::{MiddlewareStack, Runtime};
     /// use tower_agent::serve::AgentServer;
     /// use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
     ///
-    /// let audit = MiddlewareStack::new().after_agent("audit", |ctx, _outcome| {
-    ///     tracing::info!(run = %ctx.run_id(), "served");
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let served = Arc::new(AtomicUsize::new(0));
+    /// let count = served.clone();
+    /// let audit = MiddlewareStack::new().after_agent("audit", move |_ctx, _outcome| {
+    ///     count.fetch_add(1, Ordering::SeqCst);
     ///     Ok(())
     /// });
     /// let agent = Agent::builder("greeter")
@@ -177,7 +183,14 @@ impl AgentServer {
     /// let app = AgentServer::from_runtime(Runtime::new(audit))
     ///     .agent("greeter", agent)
     ///     .router();
-    /// # drop(app);
+    ///
+    /// let request = axum::http::Request::post("/v1/agents/greeter/runs")
+    ///     .header("content-type", "application/json")
+    ///     .body(axum::body::Body::from(r#"{"input": "Hi"}"#))
+    ///     .unwrap();
+    /// assert_eq!(app.oneshot(request).await.unwrap().status(), 200);
+    /// assert_eq!(served.load(Ordering::SeqCst), 1);
+    /// # }
     /// ```
     pub fn from_runtime(runtime: Runtime) -> Self {
         Self {
