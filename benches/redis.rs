@@ -243,14 +243,24 @@ fn redis_benches(c: &mut Criterion) {
     let fresh = AtomicU64::new(0);
     group.bench_function("miss_in_memory", |b| {
         b.to_async(&rt).iter_batched(
-            || call(&format!("memory miss {}", fresh.fetch_add(1, Ordering::Relaxed))),
+            || {
+                call(&format!(
+                    "memory miss {}",
+                    fresh.fetch_add(1, Ordering::Relaxed)
+                ))
+            },
             |call| memory_cache.clone().oneshot(call),
             criterion::BatchSize::SmallInput,
         )
     });
     group.bench_function("miss_redis", |b| {
         b.to_async(&rt).iter_batched(
-            || call(&format!("redis miss {}", fresh.fetch_add(1, Ordering::Relaxed))),
+            || {
+                call(&format!(
+                    "redis miss {}",
+                    fresh.fetch_add(1, Ordering::Relaxed)
+                ))
+            },
             |call| redis_cache.clone().oneshot(call),
             criterion::BatchSize::SmallInput,
         )

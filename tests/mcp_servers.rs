@@ -488,3 +488,48 @@ async fn filesystem_server_reads_and_writes_a_temp_directory() {
     })
     .await;
 }
+
+/// The server lists more tools once it knows the client (a
+/// `tools/list_changed` after `initialize`): given to the agent,
+/// `McpTools::live` lists again before the next model call, the model is
+/// offered the current tools, and the router calls a tool it was not built
+/// with.
+#[tokio::test]
+#[ignore = "needs the npm MCP servers; run by scripts/peers/run-edge-tests.sh"]
+async fn a_changed_tool_list_is_offered_from_the_next_model_call() {
+    within(async {
+        let mcp = McpTools::connect(everything_stdio()).await.unwrap();
+        let router = mcp.router();
+        // The server's notification, whenever it comes.
+        mcp.changed().await;
+        assert!(mcp.list_changed());
+
+        let added = "everything__simulate-research-query";
+        let model = ScriptedModel::new([
+            ScriptedTurn::tool_call(added, r#"{"topic": "tides"}"#),
+            ScriptedTurn::text("done"),
+        ]);
+        let agent = Agent::builder("assistant")
+            .model(model.clone())
+            .tools(router)
+            .middleware(mcp.live())
+            .build()
+            .unwrap();
+        let run = agent.run("research tides").await.unwrap();
+        assert_eq!(run.output, "done");
+        assert!(!mcp.list_changed(), "listed again");
+
+        // Both model calls offered the server's current list.
+        let current: Vec<String> = mcp.specs().into_iter().map(|s| s.name).collect();
+        assert!(current.iter().any(|n| n == added), "{current:?}");
+        for request in model.requests() {
+            let offered: Vec<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
+            assert_eq!(offered, current, "offered");
+        }
+        // The call reached the server, whatever it answered.
+        let answer = &tool_messages(&run)[0];
+        assert!(!answer.contains("unknown tool"), "{answer}");
+        mcp.close().await;
+    })
+    .await;
+}

@@ -16,11 +16,13 @@ use super::{McpError, McpServer, Transport};
 #[derive(Debug, Clone)]
 pub(crate) struct Handler {
     changed: Arc<AtomicBool>,
+    notify: Arc<tokio::sync::Notify>,
 }
 
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.changed.store(true, Ordering::Release);
+        self.notify.notify_waiters();
     }
 
     /// The session opens with the `initialize` handshake, so it offers the
@@ -48,6 +50,8 @@ pub(crate) struct Connection {
     /// The process id of a stdio server's current process (0: none).
     pid: AtomicU32,
     pub(crate) changed: Arc<AtomicBool>,
+    /// Woken when the server says its list changed.
+    pub(crate) notify: Arc<tokio::sync::Notify>,
 }
 
 impl Connection {
@@ -59,6 +63,7 @@ impl Connection {
             restarts: AtomicU32::new(0),
             pid: AtomicU32::new(0),
             changed: Arc::new(AtomicBool::new(false)),
+            notify: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -111,6 +116,7 @@ impl Connection {
     async fn open(&self) -> Result<Session, McpError> {
         let handler = Handler {
             changed: self.changed.clone(),
+            notify: self.notify.clone(),
         };
         let name = &self.server.name;
         let connect = async {

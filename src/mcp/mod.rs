@@ -20,8 +20,11 @@
 //! - **Cancellation**: a cancelled run drops its tool calls, and each
 //!   dropped call sends `notifications/cancelled` to the server.
 //! - **List changes**: the server's `notifications/tools/list_changed` marks
-//!   the list stale ([`McpTools::list_changed`]); [`McpTools::refresh`]
-//!   lists again, and the next router built from it has the new tools.
+//!   the list stale ([`McpTools::list_changed`], [`McpTools::changed`]).
+//!   Given to an agent, [`McpTools::live`] lists again before the next model
+//!   call and offers the current tools from then on; the router built by
+//!   [`McpTools::router`] finds a tool listed after it was built.
+//!   [`McpTools::refresh`] lists again by hand.
 //! - **Content**: text as is, structured content as JSON, images, audio and
 //!   blobs as a placeholder naming their type and size.
 //!
@@ -49,6 +52,7 @@
 
 mod connection;
 mod convert;
+mod live;
 mod tool;
 
 use std::collections::HashSet;
@@ -59,12 +63,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 pub use convert::ToolFilter;
+pub use live::LiveMcpTools;
 pub use tool::McpTool;
 
 use connection::Connection;
 use convert::{prefixed_name, tool_spec};
 
-use crate::service::{ToolDef, ToolRouter};
+use crate::service::{ToolDef, ToolRouter, ToolSource};
 use crate::types::ToolSpec;
 
 /// Why a server could not be used.
@@ -376,9 +381,15 @@ impl McpTools {
         self.snapshot().iter().map(|t| t.def.clone()).collect()
     }
 
-    /// `router` with the exposed tools added.
+    /// `router` with the exposed tools added, and this server as a
+    /// [`ToolSource`] of it, so a tool the server lists later (after
+    /// [`refresh`](Self::refresh), or through [`live`](Self::live)) is
+    /// called like the others.
     pub fn register(&self, router: ToolRouter) -> ToolRouter {
-        self.defs().into_iter().fold(router, ToolRouter::tool)
+        self.defs()
+            .into_iter()
+            .fold(router, ToolRouter::tool)
+            .source(self.clone())
     }
 
     /// A router with the exposed tools.
@@ -390,6 +401,35 @@ impl McpTools {
     /// listed.
     pub fn list_changed(&self) -> bool {
         self.connection.changed.load(Ordering::Acquire)
+    }
+
+    /// Waits until the server says its tool list changed (at once if it did
+    /// since the list was last fetched).
+    pub async fn changed(&self) {
+        loop {
+            let notified = self.connection.notify.notified();
+            if self.list_changed() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The middleware that keeps an agent's offer of this server's tools
+    /// current: see [`LiveMcpTools`].
+    pub fn live(&self) -> LiveMcpTools {
+        LiveMcpTools::new(self.clone())
+    }
+
+    /// Whether `name` (an exposed name) is one of this server's: it carries
+    /// the server's prefix, or, with no prefix, is listed now.
+    pub(crate) fn owns(&self, name: &str) -> bool {
+        let prefix = self.connection.server.exposed_name("");
+        if prefix.is_empty() {
+            self.snapshot().iter().any(|t| t.def.spec.name == name)
+        } else {
+            name.starts_with(&prefix)
+        }
     }
 
     /// Lists the tools again when the server said the list changed; answers
@@ -420,6 +460,22 @@ impl McpTools {
     /// a new session.
     pub async fn close(&self) {
         self.connection.close().await;
+    }
+}
+
+impl ToolSource for McpTools {
+    fn tool(&self, name: &str) -> Option<ToolDef> {
+        self.snapshot()
+            .iter()
+            .find(|t| t.def.spec.name == name)
+            .map(|t| t.def.clone())
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.snapshot()
+            .iter()
+            .map(|t| t.def.spec.name.clone())
+            .collect()
     }
 }
 

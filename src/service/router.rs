@@ -85,6 +85,27 @@ struct Entry {
     validator: Result<Arc<jsonschema::Validator>, String>,
 }
 
+impl Entry {
+    fn new(def: ToolDef) -> Self {
+        let validator = jsonschema::validator_for(&def.spec.parameters)
+            .map(Arc::new)
+            .map_err(|e| e.to_string());
+        Self { def, validator }
+    }
+}
+
+/// Tools a [`ToolRouter`] looks up when a call names none of its own: a
+/// tool set that changes while agents run, such as an MCP server's (see
+/// `McpTools`, feature `mcp`). Looked up at each call, so a tool the source
+/// gained after the router was built is found.
+pub trait ToolSource: Send + Sync + 'static {
+    /// The tool called `name`, as the source has it now.
+    fn tool(&self, name: &str) -> Option<ToolDef>;
+
+    /// The names of the tools it has now.
+    fn names(&self) -> Vec<String>;
+}
+
 /// Dispatches [`ToolInvocation`]s by tool name, validating the arguments
 /// against the tool's JSON Schema first.
 ///
@@ -118,6 +139,7 @@ struct Entry {
 pub struct ToolRouter {
     tools: Arc<HashMap<String, Entry>>,
     specs: Arc<[ToolSpec]>,
+    sources: Arc<[Arc<dyn ToolSource>]>,
 }
 
 impl ToolRouter {
@@ -126,6 +148,20 @@ impl ToolRouter {
         Self {
             tools: Arc::default(),
             specs: Arc::from([]),
+            sources: Arc::from([]),
+        }
+    }
+
+    /// Looks up `source` for a call that names none of the router's own
+    /// tools (after the sources added before it). Its tools' arguments are
+    /// validated as the router's own are; their specs are not in
+    /// [`specs`](Self::specs), which stays what the router was built with.
+    pub fn source(self, source: impl ToolSource) -> Self {
+        let mut sources = self.sources.to_vec();
+        sources.push(Arc::new(source));
+        Self {
+            sources: sources.into(),
+            ..self
         }
     }
 
@@ -137,9 +173,6 @@ impl ToolRouter {
     /// an error naming the schema problem.
     pub fn tool(self, tool: impl Into<ToolDef>) -> Self {
         let def = tool.into();
-        let validator = jsonschema::validator_for(&def.spec.parameters)
-            .map(Arc::new)
-            .map_err(|e| e.to_string());
         let mut tools = Arc::unwrap_or_clone(self.tools);
         let mut specs: Vec<ToolSpec> = self
             .specs
@@ -148,10 +181,11 @@ impl ToolRouter {
             .cloned()
             .collect();
         specs.push(def.spec.clone());
-        tools.insert(def.spec.name.clone(), Entry { def, validator });
+        tools.insert(def.spec.name.clone(), Entry::new(def));
         Self {
             tools: Arc::new(tools),
             specs: specs.into(),
+            sources: self.sources,
         }
     }
 
@@ -177,13 +211,16 @@ impl ToolRouter {
 
     fn check(&self, invocation: &ToolInvocation) -> Result<BoxTool, ToolOutput> {
         let name = &invocation.call.name;
-        let Some(entry) = self.tools.get(name) else {
-            let mut known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
-            known.sort_unstable();
-            return Err(ToolOutput::error(format!(
-                "unknown tool `{name}`; the tools are: {}",
-                known.join(", ")
-            )));
+        let found;
+        let entry = match self.tools.get(name) {
+            Some(entry) => entry,
+            None => {
+                let Some(def) = self.sources.iter().find_map(|s| s.tool(name)) else {
+                    return Err(self.unknown(name));
+                };
+                found = Entry::new(def);
+                &found
+            }
         };
         // `null` is what arguments that are not JSON parse to: say why.
         if invocation.args.is_null() {
@@ -217,6 +254,21 @@ impl ToolRouter {
             )));
         }
         Ok(entry.def.service.clone())
+    }
+}
+
+impl ToolRouter {
+    fn unknown(&self, name: &str) -> ToolOutput {
+        let mut known: Vec<String> = self.tools.keys().cloned().collect();
+        for source in self.sources.iter() {
+            known.extend(source.names());
+        }
+        known.sort_unstable();
+        known.dedup();
+        ToolOutput::error(format!(
+            "unknown tool `{name}`; the tools are: {}",
+            known.join(", ")
+        ))
     }
 }
 

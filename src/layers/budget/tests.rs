@@ -307,7 +307,12 @@ async fn a_failing_store_is_reported_in_the_events() {
             .collect();
         assert_eq!(
             failures,
-            [("budget", "reserve", "the store is down".to_owned(), fail_open)]
+            [(
+                "budget",
+                "reserve",
+                "the store is down".to_owned(),
+                fail_open
+            )]
         );
     }
 }

@@ -444,7 +444,10 @@ pub mod future {
                             let (shared, key, copy) = (shared.clone(), *key, response.clone());
                             let ctx = ctx.clone();
                             let store = Box::pin(async move {
-                                super::report_put(&ctx, shared.store.put(key, copy, shared.ttl).await);
+                                super::report_put(
+                                    &ctx,
+                                    shared.store.put(key, copy, shared.ttl).await,
+                                );
                             });
                             kind.set(Kind::Storing {
                                 store,

@@ -166,7 +166,11 @@ impl QuotaStore for RedisQuotaStore {
         let token_key = self.redis.key("quota", &format!("{key}:tokens"));
         // Taken now, in call order: a settlement made before this call rides
         // on it.
-        let fold = if ta > 0 { self.folds.take(&token_key) } else { 0 };
+        let fold = if ta > 0 {
+            self.folds.take(&token_key)
+        } else {
+            0
+        };
         let folds = self.folds.clone();
         let mut conn = self.redis.manager();
         Box::pin(async move {
