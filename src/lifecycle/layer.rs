@@ -10,7 +10,7 @@ use tower::{Layer, Service};
 use futures::future::BoxFuture;
 use tower::ServiceExt;
 
-use super::installed::InstalledHooks;
+use super::installed::{InstalledHooks, Levels};
 use super::runtime::RunMiddleware;
 use super::stack::CompiledStack;
 use super::{Middleware, MiddlewareStack};
@@ -92,6 +92,7 @@ impl<S> Layer<S> for LifecycleLayer {
         Lifecycle {
             inner,
             layer: self.clone(),
+            own: false,
         }
     }
 }
@@ -102,6 +103,9 @@ impl<S> Layer<S> for LifecycleLayer {
 pub struct Lifecycle<S> {
     inner: S,
     layer: LifecycleLayer,
+    /// The agent's own middleware ([`AgentMiddleware`]): its built-ins are
+    /// the agent's too, and go with it when the run is handed over.
+    own: bool,
 }
 
 impl<S> Lifecycle<S> {
@@ -169,13 +173,19 @@ where
             true
         });
         let empty = CompiledStack::empty();
-        let stack = CompiledStack::compose(&[
-            runtime.unwrap_or(&empty),
-            &self.layer.agent,
-            run.as_ref().map_or(&empty, |r| &r.stack),
-            &self.layer.builtins,
-        ]);
-        let frame = Arc::new(InstalledHooks::new(&ctx, stack));
+        let (builtins, agent_builtins) = if self.own {
+            (empty.clone(), self.layer.builtins.clone())
+        } else {
+            (self.layer.builtins.clone(), empty.clone())
+        };
+        let levels = Levels {
+            runtime: runtime.cloned().unwrap_or_else(|| empty.clone()),
+            agent: self.layer.agent.clone(),
+            run: run.map_or_else(|| empty.clone(), |r| r.stack),
+            builtins,
+            agent_builtins,
+        };
+        let frame = Arc::new(InstalledHooks::new(&ctx, levels));
         install(&ctx, frame.clone() as Arc<dyn HookPort>);
         let resumed = matches!(request.input, RunInput::Resume { .. });
         let start = RunStart {
@@ -187,6 +197,35 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::new(bracket(frame, nested, ctx, start, inner, request))
     }
+}
+
+/// What an agent's own middleware `to` brings to a run handed over to it:
+/// its agent level (after its runtime's, unless that runtime already serves
+/// the run) and its built-ins.
+pub(super) fn agent_levels(
+    ctx: &RunContext,
+    to: &AgentMiddleware,
+) -> (Arc<CompiledStack>, Arc<CompiledStack>) {
+    match to.0.as_any().downcast_ref::<LifecycleLayer>() {
+        Some(layer) => levels_of(layer, ctx),
+        None => (CompiledStack::empty(), CompiledStack::empty()),
+    }
+}
+
+fn levels_of(layer: &LifecycleLayer, ctx: &RunContext) -> (Arc<CompiledStack>, Arc<CompiledStack>) {
+    let runtime = layer.runtime.as_ref().filter(|rt| {
+        let id = runtime_id(rt);
+        if runtime_active(ctx, id) {
+            return false;
+        }
+        ctx.with_state(|s| s.insert(RuntimeMark(id)));
+        true
+    });
+    let agent = match runtime {
+        Some(runtime) => CompiledStack::compose(&[runtime, &layer.agent]),
+        None => layer.agent.clone(),
+    };
+    (agent, layer.builtins.clone())
 }
 
 /// `before_agent`, the run, then `on_error` and `after_agent` exactly once.
@@ -243,7 +282,22 @@ impl RunBracket for LifecycleLayer {
         request: RunRequest,
         run: BoxAgent,
     ) -> BoxFuture<'static, Result<AgentRun, AgentError>> {
-        Box::pin(self.layer(run).oneshot(request))
+        let mut service = self.layer(run);
+        service.own = true;
+        Box::pin(service.oneshot(request))
+    }
+
+    fn frame(&self, ctx: &RunContext, outer: Option<Arc<dyn HookPort>>) -> Arc<dyn HookPort> {
+        let (agent, agent_builtins) = levels_of(self, ctx);
+        let empty = CompiledStack::empty();
+        let levels = Levels {
+            runtime: empty.clone(),
+            agent,
+            run: empty.clone(),
+            builtins: empty,
+            agent_builtins,
+        };
+        Arc::new(InstalledHooks::inside(ctx, outer, levels))
     }
 
     fn then(&self, inner: &AgentMiddleware) -> AgentMiddleware {

@@ -1,6 +1,8 @@
 //! The [`Agent`]: the run loop as a `Service<RunRequest>`.
 
 mod ext;
+pub mod handle;
+pub mod handoff;
 mod limits;
 mod observe;
 mod output;
@@ -31,6 +33,8 @@ use crate::types::{
 };
 
 pub use ext::{AgentExt, RunFuture};
+pub use handle::{Finished, LateMessages, RunHandle, RunSender, Unsent};
+pub use handoff::{Handoff, HandoffInput};
 use limits::ToolLimits;
 pub(crate) use output::OutputSchema;
 
@@ -59,6 +63,8 @@ pub(crate) struct Config {
     pub(crate) output: Option<OutputSchema>,
     pub(crate) approver: Option<Arc<Approver>>,
     pub(crate) limits: ToolLimits,
+    /// The agents the run may be handed over to.
+    pub(crate) handoffs: Vec<Handoff>,
 }
 
 /// An agent: instructions, a model service, tools and limits, run as a
@@ -120,6 +126,7 @@ impl Agent {
             approver: None,
             middleware: None,
             limits: ToolLimits::default(),
+            handoffs: Vec::new(),
         }
     }
 
@@ -128,9 +135,14 @@ impl Agent {
         &self.config.name
     }
 
-    /// The tools the model sees.
+    /// The tools the model sees, the handoff tools among them.
     pub fn tool_specs(&self) -> &Arc<[ToolSpec]> {
         &self.config.specs
+    }
+
+    /// The agents this one may hand the run over to.
+    pub fn handoffs(&self) -> &[Handoff] {
+        &self.config.handoffs
     }
 
     /// Runs the agent on a user message, in a fresh root context.
@@ -151,6 +163,12 @@ impl Agent {
     /// See [`AgentError`].
     pub async fn run_with(&self, request: RunRequest) -> Result<AgentRun, AgentError> {
         self.clone().oneshot(request).await
+    }
+
+    /// Starts `request` with a [`RunHandle`] that takes user messages while
+    /// the run goes on. See [`handle`].
+    pub fn start(&self, request: RunRequest) -> RunHandle {
+        AgentExt::start(self, request)
     }
 }
 
@@ -235,6 +253,7 @@ pub struct AgentBuilder {
     approver: Option<Arc<Approver>>,
     middleware: Option<AgentMiddleware>,
     limits: ToolLimits,
+    handoffs: Vec<Handoff>,
 }
 
 impl fmt::Debug for AgentBuilder {
@@ -386,6 +405,14 @@ impl AgentBuilder {
         self
     }
 
+    /// Lets the model hand the run over to another agent, with the tool
+    /// `transfer_to_<name>`: an [`Agent`] or a [`Handoff`] to one. See
+    /// [`handoff`].
+    pub fn handoff(mut self, handoff: impl Into<Handoff>) -> Self {
+        self.handoffs.push(handoff.into());
+        self
+    }
+
     /// Who decides calls that ask for approval when no hook did.
     pub fn approver<F, Fut>(mut self, approver: F) -> Self
     where
@@ -423,7 +450,28 @@ impl AgentBuilder {
             }
             None => None,
         };
-        let specs = self.tools.specs().clone();
+        let mut handoffs = Vec::with_capacity(self.handoffs.len());
+        for handoff in self.handoffs {
+            let name = &handoff.tool_name;
+            if self.tools.get(name).is_some() || handoffs.iter().any(|h: &Handoff| h.tool_name == *name)
+            {
+                return Err(AgentError::Config(format!(
+                    "agent `{}` has two tools called `{name}`: a handoff's tool name must be unique",
+                    self.name
+                )));
+            }
+            handoffs.push(handoff.compile()?);
+        }
+        let specs: Arc<[ToolSpec]> = if handoffs.is_empty() {
+            self.tools.specs().clone()
+        } else {
+            self.tools
+                .specs()
+                .iter()
+                .cloned()
+                .chain(handoffs.iter().map(Handoff::spec))
+                .collect()
+        };
         let flags = specs
             .iter()
             .filter_map(|s| {
@@ -457,6 +505,7 @@ impl AgentBuilder {
                 output,
                 approver: self.approver,
                 limits: self.limits,
+                handoffs,
             }),
             middleware: self.middleware,
         })

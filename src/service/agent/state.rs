@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use super::handle::Inbox;
+use super::handoff::Decided;
 use super::Config;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, TimeoutSource};
@@ -27,6 +29,10 @@ pub(super) struct Run {
     pub(super) counters: Counters,
     pub(super) output_attempts: u32,
     pub(super) continuations: u32,
+    /// A handoff the current step decided on, applied once its calls ran.
+    pub(super) handoff: Option<Decided>,
+    /// Messages queued into the run through its handle.
+    pub(super) inbox: Option<Inbox>,
 }
 
 impl Run {
@@ -49,6 +55,8 @@ impl Run {
             counters: Counters::default(),
             output_attempts: 0,
             continuations: 0,
+            handoff: None,
+            inbox: None,
         }
     }
 
@@ -85,6 +93,7 @@ impl Run {
             usage_total: self.ctx.total_usage(),
             counters: self.counters,
             output_attempts: self.output_attempts,
+            handoff: self.decided_target(),
         }
     }
 
