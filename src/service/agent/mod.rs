@@ -1,5 +1,6 @@
 //! The [`Agent`]: the run loop as a `Service<RunRequest>`.
 
+pub mod definition;
 mod ext;
 pub mod handle;
 pub mod handoff;
@@ -32,6 +33,7 @@ use crate::types::{
     AgentRun, ApprovalDecision, ModelName, ModelResponse, ModelSettings, ToolCall, ToolSpec,
 };
 
+pub use definition::{AgentDefinition, DefinitionError, HandoffDefinition, Registry};
 pub use ext::{AgentExt, RunFuture};
 pub use handle::{Finished, LateMessages, RunHandle, RunSender, Unsent};
 pub use handoff::{Handoff, HandoffInput};
