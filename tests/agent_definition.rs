@@ -81,7 +81,10 @@ async fn a_definition_round_trips_and_rebuilds_into_an_agent_that_runs() {
     let definition = agent.definition();
 
     assert_eq!(definition.name, "forecaster");
-    assert_eq!(definition.instructions.as_deref(), Some("You tell the weather."));
+    assert_eq!(
+        definition.instructions.as_deref(),
+        Some("You tell the weather.")
+    );
     assert_eq!(definition.model, "small-model");
     assert_eq!(definition.settings.temperature, Some(0.2));
     assert!(definition.settings.response_format.is_none());
@@ -199,9 +202,7 @@ fn a_tool_that_takes_other_arguments_is_refused() {
         .build()
         .unwrap()
         .definition();
-    let other_weather = tool_sync("weather", "The weather", |_: Why| {
-        Ok::<_, BoxError>("rain")
-    });
+    let other_weather = tool_sync("weather", "The weather", |_: Why| Ok::<_, BoxError>("rain"));
     let registry = registry_without("tool").tool(other_weather);
     let err = definition.build(&registry).unwrap_err();
     assert!(

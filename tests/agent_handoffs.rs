@@ -526,12 +526,9 @@ async fn a_handoff_tool_name_must_be_unique() {
         .model(ScriptedModel::new([]))
         .build()
         .unwrap();
-    let err = triage(
-        ScriptedModel::new([]),
-        Handoff::to(&faq).tool_name("faq"),
-    )
-    .build()
-    .unwrap_err();
+    let err = triage(ScriptedModel::new([]), Handoff::to(&faq).tool_name("faq"))
+        .build()
+        .unwrap_err();
     assert!(matches!(err, AgentError::Config(_)), "{err}");
 }
 
@@ -572,22 +569,29 @@ async fn a_paused_run_that_was_handed_over_resumes_as_that_agent() {
 
     let call = paused.checkpoint().unwrap().pending[0].call.clone();
     let resumed = triage
-        .run_with(RunRequest::resume(checkpoint, vec![ApprovalDecision::approve(&call)]))
+        .run_with(RunRequest::resume(
+            checkpoint,
+            vec![ApprovalDecision::approve(&call)],
+        ))
         .await
         .unwrap();
     assert!(resumed.is_completed());
     assert_eq!(resumed.agent.as_ref(), "billing");
     assert_eq!(resumed.output, "Refunded.");
     assert_eq!(b_model.requests().len(), 2);
-    assert_eq!(b_model.requests()[1].messages[0].text(), "You sort out invoices.");
+    assert_eq!(
+        b_model.requests()[1].messages[0].text(),
+        "You sort out invoices."
+    );
     // Billing's own middleware runs in the resumed run's turns.
-    assert!(log
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|l| l.starts_with("billing-mw before_model"))
-        .count()
-        >= 2);
+    assert!(
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("billing-mw before_model"))
+            .count()
+            >= 2
+    );
 }
 
 #[tokio::test]
@@ -619,7 +623,10 @@ async fn a_handoff_in_a_paused_turn_happens_on_resume() {
     assert_eq!(checkpoint.handoff.as_deref(), Some("billing"));
     let call = checkpoint.pending[0].call.clone();
     let run = triage
-        .run_with(RunRequest::resume(checkpoint, vec![ApprovalDecision::approve(&call)]))
+        .run_with(RunRequest::resume(
+            checkpoint,
+            vec![ApprovalDecision::approve(&call)],
+        ))
         .await
         .unwrap();
     assert_eq!(run.agent.as_ref(), "billing");

@@ -67,7 +67,8 @@ async fn a_message_sent_during_a_tool_call_joins_after_its_result() {
     // Reported when taken in: after the tool call, before the next model call.
     let events = sink.events();
     let at = |f: &dyn Fn(&AgentEvent) -> bool| events.iter().position(f).unwrap();
-    let queued = at(&|e| matches!(e, AgentEvent::QueuedMessage { text, .. } if text == "and also this"));
+    let queued =
+        at(&|e| matches!(e, AgentEvent::QueuedMessage { text, .. } if text == "and also this"));
     let tool_done = at(&|e| matches!(e, AgentEvent::ToolCallCompleted { .. }));
     let second_call = events
         .iter()
@@ -170,7 +171,11 @@ async fn a_late_message_comes_back_unread_when_asked() {
         sender.send("Make that Tuesday").unwrap();
         sender.send("For two").unwrap();
     });
-    let unread: Vec<_> = finished.unread.iter().map(|m| m.text().into_owned()).collect();
+    let unread: Vec<_> = finished
+        .unread
+        .iter()
+        .map(|m| m.text().into_owned())
+        .collect();
     assert_eq!(unread, ["Make that Tuesday", "For two"]);
     assert_eq!(finished.result.unwrap().output, "Booked for Monday.");
     assert_eq!(model.requests().len(), 1);
@@ -214,7 +219,7 @@ async fn a_cancelled_run_returns_what_it_did_not_take_in() {
 #[tokio::test(start_paused = true)]
 async fn a_paused_run_returns_its_queued_messages() {
     let model = ScriptedModel::new([
-        ScriptedTurn::tool_call("wait", r#"{"ms": 100}"#).delay(Duration::from_millis(100)),
+        ScriptedTurn::tool_call("wait", r#"{"ms": 100}"#).delay(Duration::from_millis(100))
     ]);
     let defer = MiddlewareStack::new().before_tool("defer", |_, _| {
         Ok(tower_agent::hooks::ToolVerdict::decision(

@@ -16,8 +16,8 @@ use super::HookPoint;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, ErrorKind};
 use crate::hooks::{
-    AgentMiddleware, ApprovalVerdict, Compaction, HookFuture, HookPort, Notification, RunOutcome, RunStart,
-    ToolCallResult, ToolVerdict,
+    AgentMiddleware, ApprovalVerdict, Compaction, HookFuture, HookPort, Notification, RunOutcome,
+    RunStart, ToolCallResult, ToolVerdict,
 };
 use crate::request::{
     box_model, box_tool, BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput,

@@ -261,13 +261,14 @@ impl AgentDefinition {
     /// registry lacks, or the tool whose arguments differ.
     pub fn builder(&self, registry: &Registry) -> Result<AgentBuilder, DefinitionError> {
         let agent = || self.name.clone();
-        let model = registry
-            .models
-            .get(&self.model)
-            .ok_or_else(|| DefinitionError::MissingModel {
-                agent: agent(),
-                model: self.model.clone(),
-            })?;
+        let model =
+            registry
+                .models
+                .get(&self.model)
+                .ok_or_else(|| DefinitionError::MissingModel {
+                    agent: agent(),
+                    model: self.model.clone(),
+                })?;
         let mut builder = Agent::builder(self.name.as_str())
             .model(model.clone())
             .model_name(self.model.as_str())
@@ -285,13 +286,14 @@ impl AgentDefinition {
             builder = builder.response_schema(schema.clone());
         }
         for spec in &self.tools {
-            let tool = registry
-                .tools
-                .get(&spec.name)
-                .ok_or_else(|| DefinitionError::MissingTool {
-                    agent: agent(),
-                    tool: spec.name.clone(),
-                })?;
+            let tool =
+                registry
+                    .tools
+                    .get(&spec.name)
+                    .ok_or_else(|| DefinitionError::MissingTool {
+                        agent: agent(),
+                        tool: spec.name.clone(),
+                    })?;
             if tool.spec.parameters != spec.parameters {
                 return Err(DefinitionError::ToolMismatch {
                     agent: agent(),
@@ -301,14 +303,12 @@ impl AgentDefinition {
             builder = builder.tool(tool.clone());
         }
         for handoff in &self.handoffs {
-            let target =
-                registry
-                    .agents
-                    .get(&handoff.agent)
-                    .ok_or_else(|| DefinitionError::MissingAgent {
-                        agent: agent(),
-                        target: handoff.agent.clone(),
-                    })?;
+            let target = registry.agents.get(&handoff.agent).ok_or_else(|| {
+                DefinitionError::MissingAgent {
+                    agent: agent(),
+                    target: handoff.agent.clone(),
+                }
+            })?;
             let mut rebuilt = Handoff::to(target)
                 .tool_name(handoff.tool_name.as_str())
                 .reason_schema(handoff.reason_schema.clone());

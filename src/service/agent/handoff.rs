@@ -455,7 +455,12 @@ impl Run {
     /// The name of the handoff the step decided on, for a checkpoint.
     pub(super) fn decided_target(&self) -> Option<String> {
         let decided = self.handoff.as_ref()?;
-        Some(self.config.handoffs[decided.handoff].target.name().to_string())
+        Some(
+            self.config.handoffs[decided.handoff]
+                .target
+                .name()
+                .to_string(),
+        )
     }
 }
 

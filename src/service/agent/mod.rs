@@ -455,7 +455,8 @@ impl AgentBuilder {
         let mut handoffs = Vec::with_capacity(self.handoffs.len());
         for handoff in self.handoffs {
             let name = &handoff.tool_name;
-            if self.tools.get(name).is_some() || handoffs.iter().any(|h: &Handoff| h.tool_name == *name)
+            if self.tools.get(name).is_some()
+                || handoffs.iter().any(|h: &Handoff| h.tool_name == *name)
             {
                 return Err(AgentError::Config(format!(
                     "agent `{}` has two tools called `{name}`: a handoff's tool name must be unique",

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use tower::ServiceExt;
 use tracing::Instrument;
 
+use super::handle::Inbox;
+use super::handoff::find_agent;
 use super::observe::{ModelCallObserver, RunObserver};
 use super::state::{classify, race, Run};
 use super::tools::Step;
-use super::handle::Inbox;
-use super::handoff::find_agent;
 use super::Config;
 use crate::error::AgentError;
 use crate::hooks::{installed, RunOutcome, RunStart};
