@@ -531,6 +531,9 @@ pub(crate) trait RunBracket: Send + Sync + 'static {
     /// The concrete value, for `then`.
     fn as_any(&self) -> &dyn Any;
 
+    /// The levels these place in a run, for a handoff to their agent.
+    fn levels(&self) -> &dyn Any;
+
     /// The names, for `Debug`.
     fn fmt_names(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
 }

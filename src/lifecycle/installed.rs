@@ -10,6 +10,7 @@ use tower::ServiceExt;
 
 use super::call_chain::{model_call, tool_call, StackModel, StackTool};
 use super::edit_watch::watcher;
+use super::placement::AgentLevels;
 use super::stack::CompiledStack;
 use super::verdict::merge_verdicts;
 use super::HookPoint;
@@ -138,8 +139,9 @@ impl HookPort for InstalledHooks {
             // agent's middleware go where the outermost frame had the agent's.
             Some(outer) => outer.clone().hand_over(ctx, to),
             None => {
-                if let Some(to) = to {
-                    let (agent, builtins) = super::layer::agent_levels(ctx, to);
+                if let Some(handed) = to.and_then(|to| to.0.levels().downcast_ref::<AgentLevels>())
+                {
+                    let (agent, builtins) = handed.handed(ctx);
                     levels.agent = agent;
                     levels.agent_builtins = builtins;
                 }

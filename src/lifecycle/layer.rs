@@ -11,6 +11,7 @@ use futures::future::BoxFuture;
 use tower::ServiceExt;
 
 use super::installed::{InstalledHooks, Levels};
+use super::placement::AgentLevels;
 use super::runtime::RunMiddleware;
 use super::stack::CompiledStack;
 use super::{Middleware, MiddlewareStack};
@@ -45,32 +46,34 @@ pub type ResponseFuture<T, E = BoxError> = crate::future::BoxResponseFuture<T, E
 /// See the [module docs](super) for an example.
 #[derive(Clone)]
 pub struct LifecycleLayer {
-    runtime: Option<Arc<CompiledStack>>,
-    agent: Arc<CompiledStack>,
-    builtins: Arc<CompiledStack>,
+    levels: AgentLevels,
 }
 
 impl LifecycleLayer {
     /// A layer running `stack` (the agent's middleware).
     pub fn new(stack: MiddlewareStack) -> Self {
         Self {
-            runtime: None,
-            agent: stack.compile(),
-            builtins: CompiledStack::empty(),
+            levels: AgentLevels {
+                runtime: None,
+                agent: stack.compile(),
+                builtins: CompiledStack::empty(),
+            },
         }
     }
 
     pub(crate) fn with_runtime(runtime: Arc<CompiledStack>, agent: Arc<CompiledStack>) -> Self {
         Self {
-            runtime: Some(runtime),
-            agent,
-            builtins: CompiledStack::empty(),
+            levels: AgentLevels {
+                runtime: Some(runtime),
+                agent,
+                builtins: CompiledStack::empty(),
+            },
         }
     }
 
     /// Middleware placed nearest the model, inside the run's.
     pub fn builtins(mut self, stack: MiddlewareStack) -> Self {
-        self.builtins = stack.compile();
+        self.levels.builtins = stack.compile();
         self
     }
 }
@@ -78,9 +81,9 @@ impl LifecycleLayer {
 impl fmt::Debug for LifecycleLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LifecycleLayer")
-            .field("runtime", &self.runtime)
-            .field("agent", &self.agent)
-            .field("builtins", &self.builtins)
+            .field("runtime", &self.levels.runtime)
+            .field("agent", &self.levels.agent)
+            .field("builtins", &self.levels.builtins)
             .finish()
     }
 }
@@ -121,27 +124,6 @@ impl<S: fmt::Debug> fmt::Debug for Lifecycle<S> {
     }
 }
 
-/// Marks a run (and so its nested runs) as served by a runtime's middleware.
-#[derive(Clone)]
-struct RuntimeMark(usize);
-
-fn runtime_id(stack: &Arc<CompiledStack>) -> usize {
-    Arc::as_ptr(stack) as *const () as usize
-}
-
-/// Whether `ctx` or a run it is nested in already has this runtime's
-/// middleware: a nested agent of the same runtime does not run them twice.
-fn runtime_active(ctx: &RunContext, id: usize) -> bool {
-    let mut current = Some(ctx);
-    while let Some(ctx) = current {
-        if ctx.with_state(|s| s.get::<RuntimeMark>().is_some_and(|m| m.0 == id)) {
-            return true;
-        }
-        current = ctx.parent();
-    }
-    false
-}
-
 impl<S> Service<RunRequest> for Lifecycle<S>
 where
     S: Service<RunRequest, Response = AgentRun> + Clone + Send + 'static,
@@ -164,23 +146,16 @@ where
         // this one adds its middleware inside and brackets only those.
         let nested = ctx.is_bracketed();
         let run = request.extensions.remove::<RunMiddleware>();
-        let runtime = self.layer.runtime.as_ref().filter(|rt| {
-            let id = runtime_id(rt);
-            if runtime_active(&ctx, id) {
-                return false;
-            }
-            ctx.with_state(|s| s.insert(RuntimeMark(id)));
-            true
-        });
+        let runtime = self.layer.levels.claim_runtime(&ctx);
         let empty = CompiledStack::empty();
         let (builtins, agent_builtins) = if self.own {
-            (empty.clone(), self.layer.builtins.clone())
+            (empty.clone(), self.layer.levels.builtins.clone())
         } else {
-            (self.layer.builtins.clone(), empty.clone())
+            (self.layer.levels.builtins.clone(), empty.clone())
         };
         let levels = Levels {
             runtime: runtime.cloned().unwrap_or_else(|| empty.clone()),
-            agent: self.layer.agent.clone(),
+            agent: self.layer.levels.agent.clone(),
             run: run.map_or_else(|| empty.clone(), |r| r.stack),
             builtins,
             agent_builtins,
@@ -197,35 +172,6 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::new(bracket(frame, nested, ctx, start, inner, request))
     }
-}
-
-/// What an agent's own middleware `to` brings to a run handed over to it:
-/// its agent level (after its runtime's, unless that runtime already serves
-/// the run) and its built-ins.
-pub(super) fn agent_levels(
-    ctx: &RunContext,
-    to: &AgentMiddleware,
-) -> (Arc<CompiledStack>, Arc<CompiledStack>) {
-    match to.0.as_any().downcast_ref::<LifecycleLayer>() {
-        Some(layer) => levels_of(layer, ctx),
-        None => (CompiledStack::empty(), CompiledStack::empty()),
-    }
-}
-
-fn levels_of(layer: &LifecycleLayer, ctx: &RunContext) -> (Arc<CompiledStack>, Arc<CompiledStack>) {
-    let runtime = layer.runtime.as_ref().filter(|rt| {
-        let id = runtime_id(rt);
-        if runtime_active(ctx, id) {
-            return false;
-        }
-        ctx.with_state(|s| s.insert(RuntimeMark(id)));
-        true
-    });
-    let agent = match runtime {
-        Some(runtime) => CompiledStack::compose(&[runtime, &layer.agent]),
-        None => layer.agent.clone(),
-    };
-    (agent, layer.builtins.clone())
 }
 
 /// `before_agent`, the run, then `on_error` and `after_agent` exactly once.
@@ -288,7 +234,7 @@ impl RunBracket for LifecycleLayer {
     }
 
     fn frame(&self, ctx: &RunContext, outer: Option<Arc<dyn HookPort>>) -> Arc<dyn HookPort> {
-        let (agent, agent_builtins) = levels_of(self, ctx);
+        let (agent, agent_builtins) = self.levels.handed(ctx);
         let empty = CompiledStack::empty();
         let levels = Levels {
             runtime: empty.clone(),
@@ -303,8 +249,10 @@ impl RunBracket for LifecycleLayer {
     fn then(&self, inner: &AgentMiddleware) -> AgentMiddleware {
         let mut merged = self.clone();
         if let Some(inner) = inner.0.as_any().downcast_ref::<LifecycleLayer>() {
-            merged.agent = CompiledStack::compose(&[&self.agent, &inner.agent]);
-            merged.builtins = CompiledStack::compose(&[&self.builtins, &inner.builtins]);
+            merged.levels.agent =
+                CompiledStack::compose(&[&self.levels.agent, &inner.levels.agent]);
+            merged.levels.builtins =
+                CompiledStack::compose(&[&self.levels.builtins, &inner.levels.builtins]);
         }
         AgentMiddleware(Arc::new(merged))
     }
@@ -313,8 +261,14 @@ impl RunBracket for LifecycleLayer {
         self
     }
 
+    fn levels(&self) -> &dyn std::any::Any {
+        &self.levels
+    }
+
     fn fmt_names(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("AgentMiddleware").field(&self.agent).finish()
+        f.debug_tuple("AgentMiddleware")
+            .field(&self.levels.agent)
+            .finish()
     }
 }
 

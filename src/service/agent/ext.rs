@@ -9,7 +9,8 @@ use pin_project_lite::pin_project;
 use tower::util::Oneshot;
 use tower::{Service, ServiceExt};
 
-use super::handle::{Inbox, RunHandle};
+use super::handle::RunHandle;
+use super::inbox::Inbox;
 use crate::error::{AgentError, BoxError};
 use crate::request::RunRequest;
 use crate::types::AgentRun;

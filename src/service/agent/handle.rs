@@ -37,89 +37,20 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 
+use super::inbox::Inbox;
+pub use super::inbox::{LateMessages, Unsent};
 use super::state::{classify, Run};
 use crate::context::RunContext;
 use crate::error::AgentError;
 use crate::event::AgentEvent;
 use crate::types::{AgentRun, Message, ModelDelta};
-
-/// What a run does with messages queued after it decided to finish.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum LateMessages {
-    /// Take them in and go on: the model answers them (the default).
-    #[default]
-    Continue,
-    /// Finish; they come back unread in [`Finished::unread`].
-    Return,
-}
-
-/// The queue between a [`RunHandle`] and its run, carried in the run
-/// request's extensions until the run loop takes it out.
-#[derive(Clone, Default)]
-pub(crate) struct Inbox {
-    shared: Arc<Mutex<Queue>>,
-}
-
-#[derive(Default)]
-struct Queue {
-    messages: VecDeque<Message>,
-    closed: bool,
-    late: LateMessages,
-}
-
-impl Inbox {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn push(&self, message: Message) -> Result<(), Unsent> {
-        let mut queue = self.lock();
-        if queue.closed {
-            return Err(Unsent(message));
-        }
-        queue.messages.push_back(message);
-        Ok(())
-    }
-
-    fn pop(&self) -> Option<Message> {
-        self.lock().messages.pop_front()
-    }
-
-    /// Whether the run, about to finish, goes on for queued messages.
-    fn continues(&self) -> bool {
-        let queue = self.lock();
-        queue.late == LateMessages::Continue && !queue.messages.is_empty()
-    }
-
-    /// The run ended: no more messages; those left come back.
-    fn close(&self) -> Vec<Message> {
-        let mut queue = self.lock();
-        queue.closed = true;
-        queue.messages.drain(..).collect()
-    }
-}
-
-impl fmt::Debug for Inbox {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Inbox")
-            .field("queued", &self.lock().messages.len())
-            .finish()
-    }
-}
-
-/// A message sent to a run that had already ended; it comes back.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("the run has ended; the message was not taken in")]
-pub struct Unsent(pub Message);
 
 /// How a run started with a handle ended: its result, and the messages sent
 /// to it that it never took in, in the order they were sent.
@@ -242,7 +173,7 @@ impl RunHandle {
     /// What the run does with messages queued after it decided to finish
     /// (default [`LateMessages::Continue`]).
     pub fn late_messages(self, late: LateMessages) -> Self {
-        self.sender.inbox.lock().late = late;
+        self.sender.inbox.set_late(late);
         self
     }
 }

@@ -78,7 +78,7 @@ use std::sync::Arc;
 use schemars::JsonSchema;
 use serde_json::{json, Value};
 
-use super::state::Run;
+use super::state::{Decided, Run};
 use super::{Agent, Config};
 use crate::error::AgentError;
 use crate::event::AgentEvent;
@@ -284,15 +284,6 @@ pub(super) fn find_agent(config: &Config, name: &str) -> Option<Agent> {
         }
     }
     None
-}
-
-/// A handoff the run decided on, applied once the step's other calls ran.
-#[derive(Debug, Clone)]
-pub(super) struct Decided {
-    /// Its position in the agent's handoffs.
-    pub(super) handoff: usize,
-    pub(super) call_id: String,
-    pub(super) reason: Option<Value>,
 }
 
 impl Run {

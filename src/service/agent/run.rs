@@ -5,8 +5,8 @@ use std::sync::Arc;
 use tower::ServiceExt;
 use tracing::Instrument;
 
-use super::handle::Inbox;
 use super::handoff::find_agent;
+use super::inbox::Inbox;
 use super::observe::{ModelCallObserver, RunObserver};
 use super::state::{classify, race, Run};
 use super::tools::Step;

@@ -5,10 +5,10 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use serde_json::Value;
 use tokio::time::Instant;
 
-use super::handle::Inbox;
-use super::handoff::Decided;
+use super::inbox::Inbox;
 use super::Config;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, TimeoutSource};
@@ -140,4 +140,13 @@ pub(super) async fn race<F: Future>(ctx: &RunContext, fut: F) -> Result<F::Outpu
 
 pub(super) fn classify(err: BoxError) -> AgentError {
     AgentError::classify(err)
+}
+
+/// A handoff the run decided on, applied once the step's other calls ran.
+#[derive(Debug, Clone)]
+pub(super) struct Decided {
+    /// Its position in the agent's handoffs.
+    pub(super) handoff: usize,
+    pub(super) call_id: String,
+    pub(super) reason: Option<Value>,
 }
