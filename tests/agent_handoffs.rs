@@ -639,3 +639,88 @@ async fn a_handoff_in_a_paused_turn_happens_on_resume() {
         .collect();
     assert_eq!(results, ["c1", "c2"]);
 }
+
+#[tokio::test]
+async fn a_nested_run_hands_over_inside_the_middleware_it_inherited() {
+    let log: Log = Arc::default();
+    let billing = billing(ScriptedModel::new([ScriptedTurn::text("Paid.")]))
+        .middleware(trace("billing-mw", &log))
+        .build()
+        .unwrap();
+    let desk = triage(
+        ScriptedModel::new([ScriptedTurn::tool_call("transfer_to_billing", "{}")]),
+        Handoff::to(&billing),
+    )
+    .build()
+    .unwrap();
+    let parent = Agent::builder("parent")
+        .model(ScriptedModel::new([
+            ScriptedTurn::tool_call("desk", r#"{"input": "Is it paid?"}"#),
+            ScriptedTurn::text("The desk says: paid."),
+        ]))
+        .tool(tower_agent::AgentTool::new("desk", "Asks the desk", desk))
+        .middleware(trace("parent-mw", &log))
+        .build()
+        .unwrap();
+    let run = parent.run("Is my invoice paid?").await.unwrap();
+    assert_eq!(run.agent.as_ref(), "parent");
+    assert_eq!(run.output, "The desk says: paid.");
+    let log = log.lock().unwrap();
+    let at_billing: Vec<_> = log
+        .iter()
+        .filter(|l| l.ends_with("@billing"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        at_billing,
+        [
+            // The parent's hooks stay outside; billing's join inside them.
+            "parent-mw before_model @billing",
+            "billing-mw before_model @billing",
+            // The nested run closes once, with the hooks it started with.
+            "parent-mw after_agent @billing",
+        ]
+    );
+    assert_eq!(
+        log.iter().filter(|l| l.contains("after_agent")).count(),
+        2,
+        "{log:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_message_after_a_handoff_meets_the_targets_input_guard() {
+    let guarded: Log = Arc::default();
+    let seen = guarded.clone();
+    let guard = MiddlewareStack::new().before_run("billing-guard", move |ctx, input| {
+        let agent = ctx.agent_name().map(|a| a.to_string()).unwrap_or_default();
+        seen.lock()
+            .unwrap()
+            .push(format!("{} @{agent}", input.text()));
+        Ok(())
+    });
+    let b_model = ScriptedModel::new([
+        ScriptedTurn::text("Looking.").delay(std::time::Duration::from_millis(100)),
+        ScriptedTurn::text("Invoice 7 is paid."),
+    ]);
+    let billing = billing(b_model.clone()).middleware(guard).build().unwrap();
+    let triage = triage(
+        ScriptedModel::new([ScriptedTurn::tool_call("transfer_to_billing", "{}")]),
+        Handoff::to(&billing),
+    )
+    .build()
+    .unwrap();
+    let handle = triage.start(RunRequest::new("Is my invoice paid?"));
+    let sender = handle.sender();
+    let (finished, ()) = tokio::join!(handle, async move {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        sender.send("It is invoice 7.").unwrap();
+    });
+    let run = finished.result.unwrap();
+    assert_eq!(run.output, "Invoice 7 is paid.");
+    assert_eq!(*guarded.lock().unwrap(), ["It is invoice 7. @billing"]);
+    assert_eq!(
+        b_model.requests()[1].messages.last().unwrap().text(),
+        "It is invoice 7."
+    );
+}
