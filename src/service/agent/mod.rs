@@ -189,6 +189,15 @@ impl fmt::Debug for Agent {
                     .map(|s| &s.name)
                     .collect::<Vec<_>>(),
             )
+            .field(
+                "handoffs",
+                &self
+                    .config
+                    .handoffs
+                    .iter()
+                    .map(|h| h.target().name())
+                    .collect::<Vec<_>>(),
+            )
             .field("max_turns", &self.config.max_turns)
             .finish_non_exhaustive()
     }
