@@ -74,7 +74,9 @@ struct Inner {
     run_id: Arc<str>,
     thread_id: Option<Arc<str>>,
     parent: Option<RunContext>,
-    agent_name: OnceLock<Arc<str>>,
+    /// The agent running the run: the one it started with, then each one
+    /// it was handed over to.
+    agent_name: RwLock<Option<Arc<str>>>,
     iteration: AtomicU32,
     cancel: CancellationToken,
     deadline: Option<Instant>,
@@ -134,7 +136,7 @@ impl RunContext {
                 run_id: new_run_id(),
                 thread_id: self.inner.thread_id.clone(),
                 parent: Some(self.clone()),
-                agent_name: OnceLock::new(),
+                agent_name: RwLock::new(None),
                 iteration: AtomicU32::new(0),
                 cancel: self.inner.cancel.child_token(),
                 deadline: self.inner.deadline,
@@ -198,14 +200,36 @@ impl RunContext {
         depth
     }
 
-    /// The agent running this context, once the run started.
-    pub fn agent_name(&self) -> Option<&Arc<str>> {
-        self.inner.agent_name.get()
+    /// The agent running this context, once the run started: after a
+    /// handoff, the agent the run was handed over to.
+    pub fn agent_name(&self) -> Option<Arc<str>> {
+        self.inner
+            .agent_name
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
-    /// Names the agent running this context. The first name set stays.
+    /// Names the agent running this context. The first name set stays (a
+    /// handoff moves it on).
     pub fn set_agent_name(&self, name: &Arc<str>) {
-        let _ = self.inner.agent_name.set(name.clone());
+        let mut current = self
+            .inner
+            .agent_name
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if current.is_none() {
+            *current = Some(name.clone());
+        }
+    }
+
+    /// The run was handed over to the agent `name`.
+    pub(crate) fn hand_to_agent(&self, name: &Arc<str>) {
+        *self
+            .inner
+            .agent_name
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(name.clone());
     }
 
     /// The model turn: 0 before the first, then 1, 2, …
@@ -280,7 +304,7 @@ impl RunContext {
         let cost = self.inner.prices.get().and_then(|p| p.cost(model, &usage));
         let entry = UsageEntry {
             run_id: self.inner.run_id.clone(),
-            agent: self.agent_name().cloned(),
+            agent: self.agent_name(),
             model: model.to_owned(),
             usage,
             cost,
@@ -484,6 +508,16 @@ impl RunContext {
             .unwrap_or_else(PoisonError::into_inner) = Some(slot);
     }
 
+    /// Removes the hook points installed in the run (a handoff to an agent
+    /// without middleware, in a run that had only the first agent's).
+    pub(crate) fn clear_port_slot(&self) {
+        *self
+            .inner
+            .port
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
     /// Records that a middleware installed in the run `levels` runs up
     /// from this one (0: this run) failed here: this run and every run up to
     /// that one fail with it, instead of reading it as a failed tool call.
@@ -605,7 +639,7 @@ impl RunContextBuilder {
                 run_id: self.run_id.unwrap_or_else(new_run_id),
                 thread_id: self.thread_id,
                 parent: None,
-                agent_name: OnceLock::new(),
+                agent_name: RwLock::new(None),
                 iteration: AtomicU32::new(0),
                 cancel: self.cancel.unwrap_or_default(),
                 deadline: self.deadline,

@@ -230,6 +230,45 @@ pub enum AgentEvent {
         /// Its price.
         cost: Cost,
     },
+    /// The run was handed over to another agent: the model called a
+    /// `transfer_to_<name>` tool ([`Handoff`](crate::Handoff)). From the
+    /// next turn on, `to` runs it.
+    Handoff {
+        /// The run.
+        run_id: Arc<str>,
+        /// The agent that handed it over.
+        from: Arc<str>,
+        /// The agent that runs it now.
+        to: Arc<str>,
+        /// The handoff call's id.
+        call_id: String,
+        /// The reason the model gave, if any.
+        reason: Option<Value>,
+    },
+    /// A handoff the model asked for did not happen: its arguments did not
+    /// fit, another handoff of the turn came first, or `before_model_switch`
+    /// blocked the move to the target's model. The model reads `reason`.
+    HandoffRefused {
+        /// The run.
+        run_id: Arc<str>,
+        /// The agent that asked.
+        from: Arc<str>,
+        /// The agent it asked for.
+        to: Arc<str>,
+        /// The handoff call's id.
+        call_id: String,
+        /// Why, as the model reads it.
+        reason: String,
+    },
+    /// A message queued into the running run
+    /// ([`RunHandle::send`](crate::RunHandle::send)) passed `before_run` and
+    /// joined the conversation, before the next model call.
+    QueuedMessage {
+        /// The run.
+        run_id: Arc<str>,
+        /// The message's text.
+        text: String,
+    },
     /// A custom entry, from [`RunContext::log_event`](crate::RunContext::log_event).
     Custom {
         /// The run.

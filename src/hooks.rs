@@ -386,6 +386,19 @@ pub(crate) trait HookPort: Send + Sync + 'static {
         ctx: &'a RunContext,
         compaction: &'a Compaction,
     ) -> HookFuture<'a, ()>;
+
+    /// The depth of the run these hooks were installed for.
+    fn depth(&self) -> usize;
+
+    /// The hooks of `ctx`'s run once it is handed over to another agent:
+    /// the same, except that the agent-level middleware of the agent the run
+    /// started with (or was last handed to) is replaced by `to` (the new
+    /// agent's own middleware, if it has any). `None`: no hooks are left.
+    fn hand_over(
+        self: Arc<Self>,
+        ctx: &RunContext,
+        to: Option<&AgentMiddleware>,
+    ) -> Option<Arc<dyn HookPort>>;
 }
 
 /// The hooks installed in `ctx`'s run (by a lifecycle layer, or inherited
@@ -402,6 +415,25 @@ pub(crate) fn install(ctx: &RunContext, hooks: Arc<dyn HookPort>) {
 
 /// What the context's port slot holds.
 struct Installed(Arc<dyn HookPort>);
+
+/// Hands `ctx`'s run over to an agent whose own middleware is `to`: the
+/// runtime's and the run's middleware stay, the agent-level middleware of
+/// the agent before is replaced by `to` from the next hook point on.
+/// Installs the result in `ctx` (so nested runs inherit it) and returns it.
+pub(crate) fn hand_over(
+    ctx: &RunContext,
+    to: Option<&AgentMiddleware>,
+) -> Option<Arc<dyn HookPort>> {
+    let next = match installed(ctx) {
+        Some(port) => port.hand_over(ctx, to),
+        None => to.map(|to| to.0.frame(ctx, None)),
+    };
+    match &next {
+        Some(port) => install(ctx, port.clone()),
+        None => ctx.clear_port_slot(),
+    }
+    next
+}
 
 /// Asks the run's hooks whether a compaction of `messages` may run:
 /// `false` skips it. With no hooks installed, `true`. Whatever compacts (a
@@ -492,8 +524,15 @@ pub(crate) trait RunBracket: Send + Sync + 'static {
     /// These, then `inner`'s inside them.
     fn then(&self, inner: &AgentMiddleware) -> AgentMiddleware;
 
+    /// The hook points of these middleware joining `ctx`'s run mid-way (a
+    /// handoff to their agent), inside `outer`: no bracket of their own.
+    fn frame(&self, ctx: &RunContext, outer: Option<Arc<dyn HookPort>>) -> Arc<dyn HookPort>;
+
     /// The concrete value, for `then`.
     fn as_any(&self) -> &dyn Any;
+
+    /// The levels these place in a run, for a handoff to their agent.
+    fn levels(&self) -> &dyn Any;
 
     /// The names, for `Debug`.
     fn fmt_names(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;

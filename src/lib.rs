@@ -35,6 +35,9 @@ pub use service::{
     tool_fn, tool_fn_ctx, tool_sync, Agent, AgentBuilder, AgentExt, AgentTool, BoxAgent, BoxModel,
     BoxTool, FnTool, ScriptedModel, ScriptedTurn, ToolDef, ToolRouter,
 };
+pub use service::{
+    AgentDefinition, Finished, Handoff, HandoffInput, LateMessages, RunHandle, RunSender, Unsent,
+};
 #[cfg(feature = "openai")]
 pub use service::{AnthropicMessages, OpenAiChat};
 pub use types::{AgentRun, Message, Usage};

@@ -52,8 +52,8 @@ pub use crate::lifecycle::{
 };
 pub use crate::request::{DeltaSink, ModelCall, RunRequest, ToolInvocation, ToolOutput};
 pub use crate::service::{
-    tool_fn, tool_fn_ctx, tool_sync, Agent, AgentExt, AgentTool, ScriptedModel, ScriptedTurn,
-    ToolDef, ToolRouter,
+    tool_fn, tool_fn_ctx, tool_sync, Agent, AgentExt, AgentTool, Handoff, RunHandle, ScriptedModel,
+    ScriptedTurn, ToolDef, ToolRouter,
 };
 #[cfg(feature = "openai")]
 pub use crate::service::{AnthropicMessages, OpenAiChat};

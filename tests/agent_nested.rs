@@ -70,7 +70,7 @@ async fn the_child_context_points_at_its_parent() {
     let spy = tower::service_fn(move |call: tower_agent::ModelCall| {
         record.lock().unwrap().push((
             call.context.parent_run_id().cloned(),
-            call.context.agent_name().cloned(),
+            call.context.agent_name(),
         ));
         child_model.clone().oneshot(call)
     });

@@ -56,7 +56,7 @@ impl Middleware for FailIn {
     }
 
     fn before_model<'a>(&'a self, ctx: &'a RunContext, _: &'a mut History) -> Hook<'a, ()> {
-        if ctx.agent_name().is_some_and(|a| &**a == self.target) {
+        if ctx.agent_name().is_some_and(|a| &*a == self.target) {
             return Hook::err("the store is down");
         }
         Hook::ok(())

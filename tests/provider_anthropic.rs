@@ -149,6 +149,7 @@ async fn a_streamed_agent_run_with_a_tool() {
                 tool_args.push_str(&arguments);
             }
             ModelDelta::Reasoning { .. } => panic!("no thinking in these recordings"),
+            ModelDelta::UserMessage { .. } => panic!("no queued messages in these runs"),
         }
     }
     assert_eq!(

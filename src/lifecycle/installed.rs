@@ -10,14 +10,15 @@ use tower::ServiceExt;
 
 use super::call_chain::{model_call, tool_call, StackModel, StackTool};
 use super::edit_watch::watcher;
+use super::placement::AgentLevels;
 use super::stack::CompiledStack;
 use super::verdict::merge_verdicts;
 use super::HookPoint;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, ErrorKind};
 use crate::hooks::{
-    ApprovalVerdict, Compaction, HookFuture, HookPort, Notification, RunOutcome, RunStart,
-    ToolCallResult, ToolVerdict,
+    AgentMiddleware, ApprovalVerdict, Compaction, HookFuture, HookPort, Notification, RunOutcome,
+    RunStart, ToolCallResult, ToolVerdict,
 };
 use crate::request::{
     box_model, box_tool, BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput,
@@ -28,19 +29,59 @@ use crate::types::{History, Message, ModelResponse, ToolCall};
 pub(crate) struct InstalledHooks {
     outer: Option<Arc<dyn HookPort>>,
     pub(crate) stack: Arc<CompiledStack>,
+    /// The placement levels `stack` was composed from, so that a handoff
+    /// can replace the agent's.
+    levels: Levels,
     holds_stream: bool,
     /// The depth of the run these were installed for: a hook of `stack`
     /// failing in a run nested deeper fails every run up to that one.
     depth: usize,
 }
 
+/// The levels of one frame of hooks, composed in this order (the first
+/// outermost). `agent` and `agent_builtins` belong to the agent running the
+/// run; a handoff replaces them, the others stay.
+#[derive(Clone)]
+pub(crate) struct Levels {
+    pub(crate) runtime: Arc<CompiledStack>,
+    pub(crate) agent: Arc<CompiledStack>,
+    pub(crate) run: Arc<CompiledStack>,
+    pub(crate) builtins: Arc<CompiledStack>,
+    /// The built-ins of the agent's own middleware
+    /// ([`AgentBuilder::middleware`](crate::AgentBuilder::middleware)).
+    pub(crate) agent_builtins: Arc<CompiledStack>,
+}
+
+impl Levels {
+    fn compose(&self) -> Arc<CompiledStack> {
+        CompiledStack::compose(&[
+            &self.runtime,
+            &self.agent,
+            &self.run,
+            &self.builtins,
+            &self.agent_builtins,
+        ])
+    }
+}
+
 impl InstalledHooks {
-    pub(crate) fn new(ctx: &RunContext, stack: Arc<CompiledStack>) -> Self {
-        let outer = crate::hooks::installed(ctx);
+    /// The hooks of `levels` inside those installed in `ctx`.
+    pub(crate) fn new(ctx: &RunContext, levels: Levels) -> Self {
+        Self::inside(ctx, crate::hooks::installed(ctx), levels)
+    }
+
+    /// The hooks of `levels` inside `outer`.
+    pub(crate) fn inside(
+        ctx: &RunContext,
+        outer: Option<Arc<dyn HookPort>>,
+        levels: Levels,
+    ) -> Self {
+        let stack = levels.compose();
         let holds_stream = stack.holds_stream || outer.as_ref().is_some_and(|o| o.holds_stream());
         Self {
             outer,
             stack,
+            levels,
             holds_stream,
             depth: ctx.depth(),
         }
@@ -68,6 +109,58 @@ impl fmt::Debug for InstalledHooks {
 impl HookPort for InstalledHooks {
     fn holds_stream(&self) -> bool {
         self.holds_stream
+    }
+
+    fn depth(&self) -> usize {
+        self.depth
+    }
+
+    fn hand_over(
+        self: Arc<Self>,
+        ctx: &RunContext,
+        to: Option<&AgentMiddleware>,
+    ) -> Option<Arc<dyn HookPort>> {
+        let here = ctx.depth();
+        if self.depth != here {
+            // Inherited from the run this one is nested in: those stay, the
+            // new agent's middleware go inside them.
+            let outer: Arc<dyn HookPort> = self;
+            return Some(match to {
+                Some(to) => to.0.frame(ctx, Some(outer)),
+                None => outer,
+            });
+        }
+        let mut levels = self.levels.clone();
+        levels.agent = CompiledStack::empty();
+        levels.agent_builtins = CompiledStack::empty();
+        let outer = match self.outer.as_ref().filter(|o| o.depth() == here) {
+            // An inner frame of this run (a second lifecycle layer, or the
+            // agent's own middleware inside a runtime's layer): the new
+            // agent's middleware go where the outermost frame had the agent's.
+            Some(outer) => outer.clone().hand_over(ctx, to),
+            None => {
+                if let Some(handed) = to.and_then(|to| to.0.levels().downcast_ref::<AgentLevels>())
+                {
+                    let (agent, builtins) = handed.handed(ctx);
+                    levels.agent = agent;
+                    levels.agent_builtins = builtins;
+                }
+                self.outer.clone()
+            }
+        };
+        let empty = [
+            &levels.runtime,
+            &levels.agent,
+            &levels.run,
+            &levels.builtins,
+            &levels.agent_builtins,
+        ]
+        .iter()
+        .all(|s| s.is_empty());
+        if empty {
+            return outer;
+        }
+        Some(Arc::new(InstalledHooks::inside(ctx, outer, levels)))
     }
 
     fn before_agent<'a>(

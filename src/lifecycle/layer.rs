@@ -10,7 +10,8 @@ use tower::{Layer, Service};
 use futures::future::BoxFuture;
 use tower::ServiceExt;
 
-use super::installed::InstalledHooks;
+use super::installed::{InstalledHooks, Levels};
+use super::placement::AgentLevels;
 use super::runtime::RunMiddleware;
 use super::stack::CompiledStack;
 use super::{Middleware, MiddlewareStack};
@@ -45,32 +46,34 @@ pub type ResponseFuture<T, E = BoxError> = crate::future::BoxResponseFuture<T, E
 /// See the [module docs](super) for an example.
 #[derive(Clone)]
 pub struct LifecycleLayer {
-    runtime: Option<Arc<CompiledStack>>,
-    agent: Arc<CompiledStack>,
-    builtins: Arc<CompiledStack>,
+    levels: AgentLevels,
 }
 
 impl LifecycleLayer {
     /// A layer running `stack` (the agent's middleware).
     pub fn new(stack: MiddlewareStack) -> Self {
         Self {
-            runtime: None,
-            agent: stack.compile(),
-            builtins: CompiledStack::empty(),
+            levels: AgentLevels {
+                runtime: None,
+                agent: stack.compile(),
+                builtins: CompiledStack::empty(),
+            },
         }
     }
 
     pub(crate) fn with_runtime(runtime: Arc<CompiledStack>, agent: Arc<CompiledStack>) -> Self {
         Self {
-            runtime: Some(runtime),
-            agent,
-            builtins: CompiledStack::empty(),
+            levels: AgentLevels {
+                runtime: Some(runtime),
+                agent,
+                builtins: CompiledStack::empty(),
+            },
         }
     }
 
     /// Middleware placed nearest the model, inside the run's.
     pub fn builtins(mut self, stack: MiddlewareStack) -> Self {
-        self.builtins = stack.compile();
+        self.levels.builtins = stack.compile();
         self
     }
 }
@@ -78,9 +81,9 @@ impl LifecycleLayer {
 impl fmt::Debug for LifecycleLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LifecycleLayer")
-            .field("runtime", &self.runtime)
-            .field("agent", &self.agent)
-            .field("builtins", &self.builtins)
+            .field("runtime", &self.levels.runtime)
+            .field("agent", &self.levels.agent)
+            .field("builtins", &self.levels.builtins)
             .finish()
     }
 }
@@ -92,6 +95,7 @@ impl<S> Layer<S> for LifecycleLayer {
         Lifecycle {
             inner,
             layer: self.clone(),
+            own: false,
         }
     }
 }
@@ -102,6 +106,9 @@ impl<S> Layer<S> for LifecycleLayer {
 pub struct Lifecycle<S> {
     inner: S,
     layer: LifecycleLayer,
+    /// The agent's own middleware ([`AgentMiddleware`]): its built-ins are
+    /// the agent's too, and go with it when the run is handed over.
+    own: bool,
 }
 
 impl<S> Lifecycle<S> {
@@ -115,27 +122,6 @@ impl<S: fmt::Debug> fmt::Debug for Lifecycle<S> {
             .field("layer", &self.layer)
             .finish()
     }
-}
-
-/// Marks a run (and so its nested runs) as served by a runtime's middleware.
-#[derive(Clone)]
-struct RuntimeMark(usize);
-
-fn runtime_id(stack: &Arc<CompiledStack>) -> usize {
-    Arc::as_ptr(stack) as *const () as usize
-}
-
-/// Whether `ctx` or a run it is nested in already has this runtime's
-/// middleware: a nested agent of the same runtime does not run them twice.
-fn runtime_active(ctx: &RunContext, id: usize) -> bool {
-    let mut current = Some(ctx);
-    while let Some(ctx) = current {
-        if ctx.with_state(|s| s.get::<RuntimeMark>().is_some_and(|m| m.0 == id)) {
-            return true;
-        }
-        current = ctx.parent();
-    }
-    false
 }
 
 impl<S> Service<RunRequest> for Lifecycle<S>
@@ -160,22 +146,21 @@ where
         // this one adds its middleware inside and brackets only those.
         let nested = ctx.is_bracketed();
         let run = request.extensions.remove::<RunMiddleware>();
-        let runtime = self.layer.runtime.as_ref().filter(|rt| {
-            let id = runtime_id(rt);
-            if runtime_active(&ctx, id) {
-                return false;
-            }
-            ctx.with_state(|s| s.insert(RuntimeMark(id)));
-            true
-        });
+        let runtime = self.layer.levels.claim_runtime(&ctx);
         let empty = CompiledStack::empty();
-        let stack = CompiledStack::compose(&[
-            runtime.unwrap_or(&empty),
-            &self.layer.agent,
-            run.as_ref().map_or(&empty, |r| &r.stack),
-            &self.layer.builtins,
-        ]);
-        let frame = Arc::new(InstalledHooks::new(&ctx, stack));
+        let (builtins, agent_builtins) = if self.own {
+            (empty.clone(), self.layer.levels.builtins.clone())
+        } else {
+            (self.layer.levels.builtins.clone(), empty.clone())
+        };
+        let levels = Levels {
+            runtime: runtime.cloned().unwrap_or_else(|| empty.clone()),
+            agent: self.layer.levels.agent.clone(),
+            run: run.map_or_else(|| empty.clone(), |r| r.stack),
+            builtins,
+            agent_builtins,
+        };
+        let frame = Arc::new(InstalledHooks::new(&ctx, levels));
         install(&ctx, frame.clone() as Arc<dyn HookPort>);
         let resumed = matches!(request.input, RunInput::Resume { .. });
         let start = RunStart {
@@ -243,14 +228,31 @@ impl RunBracket for LifecycleLayer {
         request: RunRequest,
         run: BoxAgent,
     ) -> BoxFuture<'static, Result<AgentRun, AgentError>> {
-        Box::pin(self.layer(run).oneshot(request))
+        let mut service = self.layer(run);
+        service.own = true;
+        Box::pin(service.oneshot(request))
+    }
+
+    fn frame(&self, ctx: &RunContext, outer: Option<Arc<dyn HookPort>>) -> Arc<dyn HookPort> {
+        let (agent, agent_builtins) = self.levels.handed(ctx);
+        let empty = CompiledStack::empty();
+        let levels = Levels {
+            runtime: empty.clone(),
+            agent,
+            run: empty.clone(),
+            builtins: empty,
+            agent_builtins,
+        };
+        Arc::new(InstalledHooks::inside(ctx, outer, levels))
     }
 
     fn then(&self, inner: &AgentMiddleware) -> AgentMiddleware {
         let mut merged = self.clone();
         if let Some(inner) = inner.0.as_any().downcast_ref::<LifecycleLayer>() {
-            merged.agent = CompiledStack::compose(&[&self.agent, &inner.agent]);
-            merged.builtins = CompiledStack::compose(&[&self.builtins, &inner.builtins]);
+            merged.levels.agent =
+                CompiledStack::compose(&[&self.levels.agent, &inner.levels.agent]);
+            merged.levels.builtins =
+                CompiledStack::compose(&[&self.levels.builtins, &inner.levels.builtins]);
         }
         AgentMiddleware(Arc::new(merged))
     }
@@ -259,8 +261,14 @@ impl RunBracket for LifecycleLayer {
         self
     }
 
+    fn levels(&self) -> &dyn std::any::Any {
+        &self.levels
+    }
+
     fn fmt_names(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("AgentMiddleware").field(&self.agent).finish()
+        f.debug_tuple("AgentMiddleware")
+            .field(&self.levels.agent)
+            .finish()
     }
 }
 

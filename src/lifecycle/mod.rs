@@ -179,6 +179,7 @@ mod layer;
 mod logging;
 mod middleware;
 mod next;
+mod placement;
 mod runtime;
 mod stack;
 mod stack_hooks;

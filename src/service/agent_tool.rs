@@ -21,6 +21,11 @@ use crate::types::{AgentRun, RunStatus, ToolSpec};
 /// its own ledger and into the parent's total, and a
 /// [`tripwire`](crate::tripwire) inside it stops the parent run as well.
 ///
+/// The sub-agent answers its caller and returns; to let another agent run
+/// the rest of the conversation instead, hand the run over to it
+/// ([`Handoff`](crate::Handoff); [`handoff`](crate::service::handoff)
+/// compares the two side by side).
+///
 /// ```
 /// use tower_agent::{Agent, AgentTool, ScriptedModel, ScriptedTurn, ToolRouter};
 ///

@@ -19,8 +19,11 @@ mod router;
 mod scripted;
 mod tool_fn;
 
+pub use agent::{definition, handle, handoff};
 pub use agent::{Agent, AgentBuilder, AgentFuture, Approver};
+pub use agent::{AgentDefinition, DefinitionError, HandoffDefinition, Registry};
 pub use agent::{AgentExt, RunFuture};
+pub use agent::{Finished, Handoff, HandoffInput, LateMessages, RunHandle, RunSender, Unsent};
 pub use agent_tool::AgentTool;
 #[cfg(feature = "openai")]
 pub use anthropic::AnthropicMessages;

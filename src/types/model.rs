@@ -212,6 +212,12 @@ pub enum ModelDelta {
         /// The text.
         text: String,
     },
+    /// Not from the model: a user message queued into the running run
+    /// ([`RunHandle::send`](crate::RunHandle::send)) joined the conversation.
+    UserMessage {
+        /// The message's text.
+        text: String,
+    },
 }
 
 impl ModelDelta {

@@ -122,6 +122,10 @@ pub struct Checkpoint {
     /// Structured-output retries used so far.
     #[serde(default)]
     pub output_attempts: u32,
+    /// The agent a handoff in the paused turn hands the run to, once the
+    /// turn's calls have their results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<String>,
 }
 
 /// A tool call that waits for a decision.

@@ -9,6 +9,8 @@ use pin_project_lite::pin_project;
 use tower::util::Oneshot;
 use tower::{Service, ServiceExt};
 
+use super::handle::RunHandle;
+use super::inbox::Inbox;
 use crate::error::{AgentError, BoxError};
 use crate::request::RunRequest;
 use crate::types::AgentRun;
@@ -53,6 +55,20 @@ where
         RunFuture {
             inner: self.clone().oneshot(request),
         }
+    }
+
+    /// Starts `request` with a [`RunHandle`]: send it user messages while
+    /// the run goes on, cancel it, await its result. See
+    /// [`handle`](super::handle).
+    fn start(&self, mut request: RunRequest) -> RunHandle
+    where
+        Self: Send + 'static,
+        Self::Future: Send + 'static,
+    {
+        let inbox = Inbox::default();
+        request.extensions.insert(inbox.clone());
+        let ctx = request.context.clone();
+        RunHandle::new(inbox, ctx, Box::pin(self.run_with(request)))
     }
 }
 

@@ -1,6 +1,10 @@
 //! The [`Agent`]: the run loop as a `Service<RunRequest>`.
 
+pub mod definition;
 mod ext;
+pub mod handle;
+pub mod handoff;
+mod inbox;
 mod limits;
 mod observe;
 mod output;
@@ -30,7 +34,10 @@ use crate::types::{
     AgentRun, ApprovalDecision, ModelName, ModelResponse, ModelSettings, ToolCall, ToolSpec,
 };
 
+pub use definition::{AgentDefinition, DefinitionError, HandoffDefinition, Registry};
 pub use ext::{AgentExt, RunFuture};
+pub use handle::{Finished, LateMessages, RunHandle, RunSender, Unsent};
+pub use handoff::{Handoff, HandoffInput};
 use limits::ToolLimits;
 pub(crate) use output::OutputSchema;
 
@@ -59,6 +66,8 @@ pub(crate) struct Config {
     pub(crate) output: Option<OutputSchema>,
     pub(crate) approver: Option<Arc<Approver>>,
     pub(crate) limits: ToolLimits,
+    /// The agents the run may be handed over to.
+    pub(crate) handoffs: Vec<Handoff>,
 }
 
 /// An agent: instructions, a model service, tools and limits, run as a
@@ -120,6 +129,7 @@ impl Agent {
             approver: None,
             middleware: None,
             limits: ToolLimits::default(),
+            handoffs: Vec::new(),
         }
     }
 
@@ -128,9 +138,14 @@ impl Agent {
         &self.config.name
     }
 
-    /// The tools the model sees.
+    /// The tools the model sees, the handoff tools among them.
     pub fn tool_specs(&self) -> &Arc<[ToolSpec]> {
         &self.config.specs
+    }
+
+    /// The agents this one may hand the run over to.
+    pub fn handoffs(&self) -> &[Handoff] {
+        &self.config.handoffs
     }
 
     /// Runs the agent on a user message, in a fresh root context.
@@ -152,6 +167,12 @@ impl Agent {
     pub async fn run_with(&self, request: RunRequest) -> Result<AgentRun, AgentError> {
         self.clone().oneshot(request).await
     }
+
+    /// Starts `request` with a [`RunHandle`] that takes user messages while
+    /// the run goes on. See [`handle`].
+    pub fn start(&self, request: RunRequest) -> RunHandle {
+        AgentExt::start(self, request)
+    }
 }
 
 impl fmt::Debug for Agent {
@@ -166,6 +187,15 @@ impl fmt::Debug for Agent {
                     .specs
                     .iter()
                     .map(|s| &s.name)
+                    .collect::<Vec<_>>(),
+            )
+            .field(
+                "handoffs",
+                &self
+                    .config
+                    .handoffs
+                    .iter()
+                    .map(|h| h.target().name())
                     .collect::<Vec<_>>(),
             )
             .field("max_turns", &self.config.max_turns)
@@ -235,6 +265,7 @@ pub struct AgentBuilder {
     approver: Option<Arc<Approver>>,
     middleware: Option<AgentMiddleware>,
     limits: ToolLimits,
+    handoffs: Vec<Handoff>,
 }
 
 impl fmt::Debug for AgentBuilder {
@@ -386,6 +417,14 @@ impl AgentBuilder {
         self
     }
 
+    /// Lets the model hand the run over to another agent, with the tool
+    /// `transfer_to_<name>`: an [`Agent`] or a [`Handoff`] to one. See
+    /// [`handoff`].
+    pub fn handoff(mut self, handoff: impl Into<Handoff>) -> Self {
+        self.handoffs.push(handoff.into());
+        self
+    }
+
     /// Who decides calls that ask for approval when no hook did.
     pub fn approver<F, Fut>(mut self, approver: F) -> Self
     where
@@ -423,7 +462,29 @@ impl AgentBuilder {
             }
             None => None,
         };
-        let specs = self.tools.specs().clone();
+        let mut handoffs = Vec::with_capacity(self.handoffs.len());
+        for handoff in self.handoffs {
+            let name = &handoff.tool_name;
+            if self.tools.get(name).is_some()
+                || handoffs.iter().any(|h: &Handoff| h.tool_name == *name)
+            {
+                return Err(AgentError::Config(format!(
+                    "agent `{}` has two tools called `{name}`: a handoff's tool name must be unique",
+                    self.name
+                )));
+            }
+            handoffs.push(handoff.compile()?);
+        }
+        let specs: Arc<[ToolSpec]> = if handoffs.is_empty() {
+            self.tools.specs().clone()
+        } else {
+            self.tools
+                .specs()
+                .iter()
+                .cloned()
+                .chain(handoffs.iter().map(Handoff::spec))
+                .collect()
+        };
         let flags = specs
             .iter()
             .filter_map(|s| {
@@ -457,6 +518,7 @@ impl AgentBuilder {
                 output,
                 approver: self.approver,
                 limits: self.limits,
+                handoffs,
             }),
             middleware: self.middleware,
         })

@@ -38,6 +38,11 @@ impl OutputSchema {
         })
     }
 
+    /// The schema as given.
+    pub(crate) fn schema(&self) -> &Value {
+        &self.schema
+    }
+
     pub(crate) fn response_format(&self) -> ResponseFormat {
         ResponseFormat::json_schema(self.name.clone(), self.schema.clone())
     }

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use tower::ServiceExt;
 use tracing::Instrument;
 
+use super::handoff::find_agent;
+use super::inbox::Inbox;
 use super::observe::{ModelCallObserver, RunObserver};
 use super::state::{classify, race, Run};
 use super::tools::Step;
@@ -22,6 +24,9 @@ pub(super) async fn run(config: Arc<Config>, request: RunRequest) -> Result<Agen
     ctx.set_agent_name(&config.name);
     let observer = RunObserver::open(&ctx, &config.name);
     let span = observer.span().clone();
+    // The hooks that open the run close it, even if a handoff changed
+    // those installed since.
+    let opened = installed(&ctx);
     let result = execute(config.clone(), request).instrument(span).await;
     observer.close(&result);
     // A lifecycle layer that brackets the run closes it itself, with the
@@ -29,7 +34,7 @@ pub(super) async fn run(config: Arc<Config>, request: RunRequest) -> Result<Agen
     // parent's hooks) the loop does. Errors of these hooks cannot change the
     // result: the stack logs them.
     if !ctx.is_bracketed() {
-        if let Some(hooks) = installed(&ctx) {
+        if let Some(hooks) = opened {
             if let Err(err) = &result {
                 let _ = hooks.on_error(&ctx, err).await;
             }
@@ -45,12 +50,15 @@ async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, A
         history,
         context: ctx,
         stream,
-        extensions,
+        mut extensions,
     } = request;
+    // The run's own: nested runs and model calls do not see it.
+    let inbox = extensions.remove::<Inbox>();
     let hooks = installed(&ctx);
     let has_history = !history.is_empty();
     let resumed = matches!(input, RunInput::Resume { .. });
     let mut run = Run::new(config, ctx, hooks, stream, extensions);
+    run.inbox = inbox;
     // `before_agent` comes first, before the input guard.
     let start_context = run.start_hooks(resumed, has_history).await?;
     let resume = match input {
@@ -77,6 +85,7 @@ async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, A
         if let Step::Paused(checkpoint) = run.tool_step(calls, &decisions, true, completed).await? {
             return Ok(run.snapshot(RunStatus::Paused(checkpoint), String::new(), None));
         }
+        run.finish_handoff()?;
     }
     run.turns().await
 }
@@ -111,14 +120,19 @@ impl Run {
         Ok(())
     }
 
-    /// A resumed run: where the checkpoint left off.
+    /// A resumed run: where the checkpoint left off, as the agent that
+    /// paused it (the run may have been handed over to it).
     fn restore(&mut self, checkpoint: &Checkpoint) -> Result<(), AgentError> {
         if checkpoint.agent != *self.config.name {
-            return Err(AgentError::Config(format!(
-                "a checkpoint of agent `{}` cannot be resumed by agent `{}`",
-                checkpoint.agent, self.config.name
-            )));
+            let Some(target) = find_agent(&self.config, &checkpoint.agent) else {
+                return Err(AgentError::Config(format!(
+                    "a checkpoint of agent `{}` cannot be resumed by agent `{}`",
+                    checkpoint.agent, self.config.name
+                )));
+            };
+            self.switch_to(&target);
         }
+        self.restore_handoff(checkpoint.handoff.as_deref());
         self.messages = History::from(checkpoint.messages.clone());
         self.counters = checkpoint.counters;
         self.output_attempts = checkpoint.output_attempts;
@@ -167,8 +181,9 @@ impl Run {
 
     /// Turns until the run ends.
     async fn turns(mut self) -> Result<AgentRun, AgentError> {
-        let max_turns = self.config.max_turns;
         loop {
+            // The agent running the run decides (a handoff changes it).
+            let max_turns = self.config.max_turns;
             if let Some(stop) = self.ctx.stop_requested() {
                 return Ok(self.snapshot(RunStatus::Stopped(stop), String::new(), None));
             }
@@ -192,6 +207,7 @@ impl Run {
             let turn = self.counters.turns + 1;
             self.counters.turns = turn;
             self.ctx.set_iteration(turn);
+            self.take_queued().await?;
             for text in self.ctx.take_context() {
                 self.messages.push(Message::system(text));
             }
@@ -234,6 +250,10 @@ impl Run {
                         }
                     }
                 }
+                if turn < max_turns && self.continues_for_queued() {
+                    // Messages queued while the model answered: it answers them too.
+                    continue;
+                }
                 let structured = match &self.config.output {
                     None => None,
                     Some(output) => match output.check(&text) {
@@ -256,9 +276,16 @@ impl Run {
             }
 
             self.continuations = 0;
-            if let Step::Paused(checkpoint) = self.tool_step(calls, &[], false, Vec::new()).await? {
+            let (calls, answered) = self.answer_handoffs(calls).await?;
+            if calls.is_empty() {
+                // Only handoffs: their answers, in call order.
+                self.messages.extend(answered.into_iter().map(|(_, m)| m));
+            } else if let Step::Paused(checkpoint) =
+                self.tool_step(calls, &[], false, answered).await?
+            {
                 return Ok(self.snapshot(RunStatus::Paused(checkpoint), String::new(), None));
             }
+            self.finish_handoff()?;
         }
     }
 

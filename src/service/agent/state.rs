@@ -5,8 +5,10 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use serde_json::Value;
 use tokio::time::Instant;
 
+use super::inbox::Inbox;
 use super::Config;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, TimeoutSource};
@@ -27,6 +29,10 @@ pub(super) struct Run {
     pub(super) counters: Counters,
     pub(super) output_attempts: u32,
     pub(super) continuations: u32,
+    /// A handoff the current step decided on, applied once its calls ran.
+    pub(super) handoff: Option<Decided>,
+    /// Messages queued into the run through its handle.
+    pub(super) inbox: Option<Inbox>,
 }
 
 impl Run {
@@ -49,6 +55,8 @@ impl Run {
             counters: Counters::default(),
             output_attempts: 0,
             continuations: 0,
+            handoff: None,
+            inbox: None,
         }
     }
 
@@ -85,6 +93,7 @@ impl Run {
             usage_total: self.ctx.total_usage(),
             counters: self.counters,
             output_attempts: self.output_attempts,
+            handoff: self.decided_target(),
         }
     }
 
@@ -131,4 +140,13 @@ pub(super) async fn race<F: Future>(ctx: &RunContext, fut: F) -> Result<F::Outpu
 
 pub(super) fn classify(err: BoxError) -> AgentError {
     AgentError::classify(err)
+}
+
+/// A handoff the run decided on, applied once the step's other calls ran.
+#[derive(Debug, Clone)]
+pub(super) struct Decided {
+    /// Its position in the agent's handoffs.
+    pub(super) handoff: usize,
+    pub(super) call_id: String,
+    pub(super) reason: Option<Value>,
 }
