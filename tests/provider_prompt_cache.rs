@@ -130,7 +130,11 @@ async fn anthropic_breakpoints_follow_the_stable_prefix_turn_by_turn() {
 
 #[tokio::test]
 async fn anthropic_without_prompt_caching_sends_no_breakpoint() {
-    let server = TestServer::start(vec![Reply::json(200, fixture("anthropic/cached_final.json"))]).await;
+    let server = TestServer::start(vec![Reply::json(
+        200,
+        fixture("anthropic/cached_final.json"),
+    )])
+    .await;
     let claude = AnthropicMessages::builder(&server.url)
         .api_key("sk-ant-test")
         .model("claude-sonnet-4-5")

@@ -214,9 +214,8 @@ pub fn rank(
 /// );
 /// ```
 pub fn memory_context(items: &[MemoryItem]) -> String {
-    let mut block = String::from(
-        "<memory_context>\nWhat you remember from earlier conversations:\n",
-    );
+    let mut block =
+        String::from("<memory_context>\nWhat you remember from earlier conversations:\n");
     for item in items {
         let text = item
             .text
@@ -267,7 +266,10 @@ mod tests {
 
     #[test]
     fn words_drop_case_punctuation_and_stopwords() {
-        assert_eq!(words("What is the Weather in PARIS, today?"), ["weather", "paris", "today"]);
+        assert_eq!(
+            words("What is the Weather in PARIS, today?"),
+            ["weather", "paris", "today"]
+        );
         assert!(words("").is_empty());
     }
 
@@ -276,9 +278,18 @@ mod tests {
         let items = vec![
             item(1, "The user's dog is called Rex", 0),
             item(2, "The user prefers tea over coffee", 1_000),
-            item(3, "Coffee makes the user nervous; offer tea or coffee decaf", 500),
+            item(
+                3,
+                "Coffee makes the user nervous; offer tea or coffee decaf",
+                500,
+            ),
         ];
-        let ranked = rank(&items, "Should I get coffee?", 1_000, &KeywordRetriever::new());
+        let ranked = rank(
+            &items,
+            "Should I get coffee?",
+            1_000,
+            &KeywordRetriever::new(),
+        );
         let order: Vec<usize> = ranked.iter().map(|r| r.0).collect();
         assert_eq!(order, [2, 1]);
         assert!(ranked[0].1 > ranked[1].1);
@@ -318,7 +329,10 @@ mod tests {
             limit: 1,
             now: 0,
         };
-        let got = KeywordRetriever::new().retrieve(&memory, query).await.unwrap();
+        let got = KeywordRetriever::new()
+            .retrieve(&memory, query)
+            .await
+            .unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].namespace, "a");
         let none = KeywordRetriever::new()

@@ -127,7 +127,10 @@ impl SqliteMemory {
     ///
     /// [`MemoryError::Store`] when the file cannot be read.
     pub fn schema_version(&self) -> Result<u32, MemoryError> {
-        let connection = self.connection.lock().unwrap_or_else(PoisonError::into_inner);
+        let connection = self
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         user_version(&connection)
     }
 
@@ -196,11 +199,16 @@ fn item_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MemoryItem> {
 }
 
 impl Memory for SqliteMemory {
-    fn load_thread<'a>(&'a self, thread: &'a str) -> BoxFuture<'a, Result<Vec<Message>, MemoryError>> {
+    fn load_thread<'a>(
+        &'a self,
+        thread: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Message>, MemoryError>> {
         let thread = thread.to_owned();
         self.run(move |connection| {
             let mut statement = connection
-                .prepare_cached("SELECT message FROM thread_messages WHERE thread = ?1 ORDER BY pos")
+                .prepare_cached(
+                    "SELECT message FROM thread_messages WHERE thread = ?1 ORDER BY pos",
+                )
                 .map_err(store_err)?;
             let rows = statement
                 .query_map([&thread], |row| row.get::<_, String>(0))
@@ -290,7 +298,10 @@ impl Memory for SqliteMemory {
         })
     }
 
-    fn items<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Vec<MemoryItem>, MemoryError>> {
+    fn items<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<MemoryItem>, MemoryError>> {
         let namespace = namespace.to_owned();
         self.run(move |connection| {
             let mut statement = connection
@@ -306,7 +317,11 @@ impl Memory for SqliteMemory {
         })
     }
 
-    fn touch<'a>(&'a self, ids: &'a [u64], at: Timestamp) -> BoxFuture<'a, Result<(), MemoryError>> {
+    fn touch<'a>(
+        &'a self,
+        ids: &'a [u64],
+        at: Timestamp,
+    ) -> BoxFuture<'a, Result<(), MemoryError>> {
         let ids = ids.to_vec();
         self.run(move |connection| {
             let tx = connection.transaction().map_err(store_err)?;
@@ -424,7 +439,11 @@ mod tests {
         ];
         memory.save_thread("t", 0, &thread).await.unwrap();
         memory
-            .save_thread("t", 3, &[Message::tool("c1", "rain"), Message::assistant("ok")])
+            .save_thread(
+                "t",
+                3,
+                &[Message::tool("c1", "rain"), Message::assistant("ok")],
+            )
             .await
             .unwrap();
         let loaded = memory.load_thread("t").await.unwrap();

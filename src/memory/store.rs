@@ -99,7 +99,9 @@ pub enum MemoryError {
     #[error("the memory store holds a value it cannot read: {0}")]
     Corrupt(String),
     /// The store's file was written by a newer version of this crate.
-    #[error("the memory file has schema version {found}, newer than the {supported} this version reads")]
+    #[error(
+        "the memory file has schema version {found}, newer than the {supported} this version reads"
+    )]
     NewerSchema {
         /// The version in the file.
         found: u32,
@@ -119,7 +121,10 @@ pub enum MemoryError {
 /// leave whichever saved last.
 pub trait Memory: Send + Sync + 'static {
     /// The thread's messages, oldest first (empty for a thread never saved).
-    fn load_thread<'a>(&'a self, thread: &'a str) -> BoxFuture<'a, Result<Vec<Message>, MemoryError>>;
+    fn load_thread<'a>(
+        &'a self,
+        thread: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Message>, MemoryError>>;
 
     /// Keeps the first `keep` messages of the thread as they are and puts
     /// `tail` after them, in place of whatever followed. `keep` larger than
@@ -136,17 +141,24 @@ pub trait Memory: Send + Sync + 'static {
     fn add_items(&self, items: Vec<MemoryItem>) -> BoxFuture<'_, Result<Vec<u64>, MemoryError>>;
 
     /// Every item of `namespace`, oldest first.
-    fn items<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Vec<MemoryItem>, MemoryError>>;
+    fn items<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<MemoryItem>, MemoryError>>;
 
     /// Sets the items' `last_used_at` to `at`; unknown ids are ignored.
-    fn touch<'a>(&'a self, ids: &'a [u64], at: Timestamp) -> BoxFuture<'a, Result<(), MemoryError>>;
+    fn touch<'a>(&'a self, ids: &'a [u64], at: Timestamp)
+        -> BoxFuture<'a, Result<(), MemoryError>>;
 
     /// Removes an item; `false` if there was none with that id.
     fn remove_item(&self, id: u64) -> BoxFuture<'_, Result<bool, MemoryError>>;
 }
 
 impl<M: Memory + ?Sized> Memory for Arc<M> {
-    fn load_thread<'a>(&'a self, thread: &'a str) -> BoxFuture<'a, Result<Vec<Message>, MemoryError>> {
+    fn load_thread<'a>(
+        &'a self,
+        thread: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Message>, MemoryError>> {
         (**self).load_thread(thread)
     }
 
@@ -163,11 +175,18 @@ impl<M: Memory + ?Sized> Memory for Arc<M> {
         (**self).add_items(items)
     }
 
-    fn items<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Vec<MemoryItem>, MemoryError>> {
+    fn items<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<MemoryItem>, MemoryError>> {
         (**self).items(namespace)
     }
 
-    fn touch<'a>(&'a self, ids: &'a [u64], at: Timestamp) -> BoxFuture<'a, Result<(), MemoryError>> {
+    fn touch<'a>(
+        &'a self,
+        ids: &'a [u64],
+        at: Timestamp,
+    ) -> BoxFuture<'a, Result<(), MemoryError>> {
         (**self).touch(ids, at)
     }
 
@@ -236,7 +255,10 @@ fn ready<'a, T: Send + 'a>(value: T) -> BoxFuture<'a, Result<T, MemoryError>> {
 }
 
 impl Memory for InProcessMemory {
-    fn load_thread<'a>(&'a self, thread: &'a str) -> BoxFuture<'a, Result<Vec<Message>, MemoryError>> {
+    fn load_thread<'a>(
+        &'a self,
+        thread: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Message>, MemoryError>> {
         ready(self.with(|s| s.threads.get(thread).cloned().unwrap_or_default()))
     }
 
@@ -268,7 +290,10 @@ impl Memory for InProcessMemory {
         }))
     }
 
-    fn items<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Vec<MemoryItem>, MemoryError>> {
+    fn items<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<MemoryItem>, MemoryError>> {
         ready(self.with(|s| {
             s.items
                 .iter()
@@ -278,7 +303,11 @@ impl Memory for InProcessMemory {
         }))
     }
 
-    fn touch<'a>(&'a self, ids: &'a [u64], at: Timestamp) -> BoxFuture<'a, Result<(), MemoryError>> {
+    fn touch<'a>(
+        &'a self,
+        ids: &'a [u64],
+        at: Timestamp,
+    ) -> BoxFuture<'a, Result<(), MemoryError>> {
         self.with(|s| {
             for item in s.items.iter_mut().filter(|item| ids.contains(&item.id)) {
                 item.last_used_at = at;
@@ -304,7 +333,11 @@ mod tests {
     async fn a_thread_keeps_its_prefix_and_takes_a_new_tail() {
         let memory = InProcessMemory::new();
         assert!(memory.load_thread("t").await.unwrap().is_empty());
-        let first = [Message::system("s"), Message::user("a"), Message::assistant("b")];
+        let first = [
+            Message::system("s"),
+            Message::user("a"),
+            Message::assistant("b"),
+        ];
         memory.save_thread("t", 0, &first).await.unwrap();
         memory
             .save_thread("t", 2, &[Message::assistant("c"), Message::user("d")])
@@ -319,7 +352,10 @@ mod tests {
             .collect();
         assert_eq!(texts, ["s", "a", "c", "d"]);
         // `keep` past the end keeps everything.
-        memory.save_thread("t", 99, &[Message::user("e")]).await.unwrap();
+        memory
+            .save_thread("t", 99, &[Message::user("e")])
+            .await
+            .unwrap();
         assert_eq!(memory.load_thread("t").await.unwrap().len(), 5);
         assert!(memory.load_thread("other").await.unwrap().is_empty());
     }

@@ -46,8 +46,8 @@ pub use compression::{
     ConcatSummarizer, ContextCompressionMiddleware, SummarizationPolicy, Summarizer, SummaryRecord,
 };
 pub use memory::{
-    parse_memories, Extracted, ExtractionRequest, MemoryExtractor, MemoryMiddleware, MemoryNamespace,
-    ModelExtractor, ThreadCompaction,
+    parse_memories, Extracted, ExtractionRequest, MemoryExtractor, MemoryMiddleware,
+    MemoryNamespace, ModelExtractor, ThreadCompaction,
 };
 pub use trim::{trim_messages, MessageTrimMiddleware, TrimStrategy};
 pub use usage::{UsageAccountingMiddleware, UsageTotals};

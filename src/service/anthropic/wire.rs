@@ -602,7 +602,10 @@ mod tests {
             let value = serde_json::to_value(&body).unwrap();
             assert_eq!(count_breakpoints(&value), placed, "max {max}");
             if max == 1 {
-                assert!(value["tools"][1].get("cache_control").is_some(), "tools first");
+                assert!(
+                    value["tools"][1].get("cache_control").is_some(),
+                    "tools first"
+                );
                 assert!(value["system"].is_string(), "system untouched");
             }
         }
@@ -611,7 +614,10 @@ mod tests {
         let mut body = MessagesRequest::new(&request, "m", 1024, false);
         assert_eq!(body.cache_breakpoints(4), 1);
         let value = serde_json::to_value(&body).unwrap();
-        assert_eq!(value["messages"][0]["content"][0]["cache_control"]["type"], "ephemeral");
+        assert_eq!(
+            value["messages"][0]["content"][0]["cache_control"]["type"],
+            "ephemeral"
+        );
         assert_eq!(value.get("system"), None);
     }
 

@@ -133,7 +133,9 @@ mod tests {
         let mut messages = vec![Message::system("prompt"), Message::user("u0")];
         for i in 0..5 {
             let id = format!("c{i}");
-            messages.push(Message::assistant_tool_calls(vec![ToolCall::new(&id, "t", "{}")]));
+            messages.push(Message::assistant_tool_calls(vec![ToolCall::new(
+                &id, "t", "{}",
+            )]));
             messages.push(Message::tool(&id, format!("r{i}")));
         }
         messages.push(Message::assistant("done"));
@@ -148,7 +150,10 @@ mod tests {
         // The window would start at index 11 (a tool result): it moves to its call.
         assert_eq!(compaction.plan(&messages), Some((1, 10)));
         assert_eq!(
-            ThreadCompaction::default().max_messages(1).keep_last(12).plan(&messages),
+            ThreadCompaction::default()
+                .max_messages(1)
+                .keep_last(12)
+                .plan(&messages),
             None,
             "nothing left to condense"
         );

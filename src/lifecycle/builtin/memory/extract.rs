@@ -279,7 +279,10 @@ mod tests {
             }]
         );
         let array = parse_memories(r#"[{"text": "lives in Lyon", "message": "2"}]"#).unwrap();
-        assert_eq!((array[0].kind.as_str(), array[0].message), ("fact", Some(2)));
+        assert_eq!(
+            (array[0].kind.as_str(), array[0].message),
+            ("fact", Some(2))
+        );
         let fenced = parse_memories("Sure:\n```json\n{\"memories\": []}\n```").unwrap();
         assert!(fenced.is_empty());
         assert!(parse_memories("nothing to keep").is_err());
@@ -295,7 +298,10 @@ mod tests {
         .usage(Usage::new(30, 8))]);
         let extractor = ModelExtractor::new(model.clone()).model_name("small");
         let ctx = RunContext::new();
-        let messages = [Message::user("I live in Lyon"), Message::assistant("Noted.")];
+        let messages = [
+            Message::user("I live in Lyon"),
+            Message::assistant("Noted."),
+        ];
         let known = [MemoryItem::new("n", "preference", "Metric units", 0)];
         let items = extractor
             .extract(

@@ -246,7 +246,12 @@ impl MemoryMiddleware {
     /// Saves the transcript as the thread: only what follows the part
     /// loaded, when the transcript still starts with it. Answers where the
     /// run's own messages start.
-    async fn save(&self, ctx: &RunContext, thread: &str, run: &AgentRun) -> Result<usize, BoxError> {
+    async fn save(
+        &self,
+        ctx: &RunContext,
+        thread: &str,
+        run: &AgentRun,
+    ) -> Result<usize, BoxError> {
         let messages = &run.messages;
         let keep = match ctx.state::<Loaded>() {
             Some(loaded)
@@ -266,7 +271,12 @@ impl MemoryMiddleware {
         Ok(keep)
     }
 
-    async fn extract(&self, ctx: &RunContext, run: &AgentRun, first: usize) -> Result<(), BoxError> {
+    async fn extract(
+        &self,
+        ctx: &RunContext,
+        run: &AgentRun,
+        first: usize,
+    ) -> Result<(), BoxError> {
         let Some(extractor) = &self.extractor else {
             return Ok(());
         };
@@ -310,7 +320,12 @@ impl MemoryMiddleware {
         Ok(())
     }
 
-    async fn compact(&self, ctx: &RunContext, thread: &str, run: &AgentRun) -> Result<(), BoxError> {
+    async fn compact(
+        &self,
+        ctx: &RunContext,
+        thread: &str,
+        run: &AgentRun,
+    ) -> Result<(), BoxError> {
         let Some(compaction) = &self.compaction else {
             return Ok(());
         };
@@ -420,7 +435,11 @@ impl Middleware for MemoryMiddleware {
         &self.name
     }
 
-    fn before_agent<'a>(&'a self, ctx: &'a RunContext, start: RunStart) -> Hook<'a, Option<String>> {
+    fn before_agent<'a>(
+        &'a self,
+        ctx: &'a RunContext,
+        start: RunStart,
+    ) -> Hook<'a, Option<String>> {
         if ctx.parent().is_some() {
             return Hook::skip();
         }

@@ -24,13 +24,15 @@ fn agent(
     stack: MiddlewareStack,
 ) -> impl tower::Service<RunRequest, Response = AgentRun, Error = AgentError, Future: Send> + Clone
 {
-    ServiceBuilder::new().layer(LifecycleLayer::new(stack)).service(
-        Agent::builder("support")
-            .instructions("You help.")
-            .model(model)
-            .build()
-            .unwrap(),
-    )
+    ServiceBuilder::new()
+        .layer(LifecycleLayer::new(stack))
+        .service(
+            Agent::builder("support")
+                .instructions("You help.")
+                .model(model)
+                .build()
+                .unwrap(),
+        )
 }
 
 /// A model that answers every call with `answer`.
@@ -64,7 +66,12 @@ fn clock() -> impl Fn() -> Timestamp + Send + Sync + 'static {
 async fn a_thread_is_loaded_and_saved_and_recall_stays_out_of_it() {
     let store = InProcessMemory::new();
     store
-        .add_items(vec![MemoryItem::new("default", "fact", "The user lives in Lyon", 1)])
+        .add_items(vec![MemoryItem::new(
+            "default",
+            "fact",
+            "The user lives in Lyon",
+            1,
+        )])
         .await
         .unwrap();
     let model = echo("ok");
@@ -78,7 +85,10 @@ async fn a_thread_is_loaded_and_saved_and_recall_stays_out_of_it() {
         .await
         .unwrap();
     assert_eq!(first.messages.len(), 3);
-    assert_eq!(store.load_thread("t").await.unwrap(), first.messages.to_vec());
+    assert_eq!(
+        store.load_thread("t").await.unwrap(),
+        first.messages.to_vec()
+    );
 
     let second = agent
         .oneshot(RunRequest::new("What is the weather in Lyon?").context(on_thread("t", &sink)))
@@ -91,25 +101,38 @@ async fn a_thread_is_loaded_and_saved_and_recall_stays_out_of_it() {
     assert_eq!(sent[0].text(), "You help.");
     assert!(sent[1].text().starts_with("<memory_context>"));
     assert!(sent[1].text().contains("- [fact] The user lives in Lyon"));
-    assert_eq!(sent[2].text(), "hello", "the block is in front of the thread");
+    assert_eq!(
+        sent[2].text(),
+        "hello",
+        "the block is in front of the thread"
+    );
     // The block is for this run only: neither the transcript nor the thread keep it.
     let thread = store.load_thread("t").await.unwrap();
     assert_eq!(thread, second.messages.to_vec());
     assert!(thread.iter().all(|m| !m.text().contains("memory_context")));
     // Only the new messages were written the second time.
     let saved = custom(&sink, "memory_saved");
-    assert_eq!((saved[1]["kept"].as_u64(), saved[1]["written"].as_u64()), (Some(3), Some(2)));
+    assert_eq!(
+        (saved[1]["kept"].as_u64(), saved[1]["written"].as_u64()),
+        (Some(3), Some(2))
+    );
     // Recall touched the item.
     assert!(store.items("default").await.unwrap()[0].last_used_at >= 1_000);
     // The first run's input shared no word with the item: nothing recalled.
-    assert!(!model.requests()[0].messages[1].text().contains("memory_context"));
+    assert!(!model.requests()[0].messages[1]
+        .text()
+        .contains("memory_context"));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_history_the_caller_passes_wins_and_the_thread_follows_it() {
     let store = InProcessMemory::new();
     store
-        .save_thread("t", 0, &[Message::system("You help."), Message::user("old")])
+        .save_thread(
+            "t",
+            0,
+            &[Message::system("You help."), Message::user("old")],
+        )
         .await
         .unwrap();
     let model = echo("ok");
@@ -128,7 +151,11 @@ async fn a_history_the_caller_passes_wins_and_the_thread_follows_it() {
         .unwrap();
     assert_eq!(run.messages[1].text(), "mine");
     let thread = store.load_thread("t").await.unwrap();
-    assert_eq!(thread, run.messages.to_vec(), "the transcript replaced the thread");
+    assert_eq!(
+        thread,
+        run.messages.to_vec(),
+        "the transcript replaced the thread"
+    );
     assert_eq!(custom(&sink, "memory_saved")[0]["kept"], 0);
 }
 
@@ -201,7 +228,11 @@ async fn runs_that_did_not_complete_are_not_extracted_and_failed_ones_not_saved(
         .await
         .unwrap();
     assert_eq!(stopped.status.as_str(), "stopped");
-    assert_eq!(store.load_thread("stopped").await.unwrap().len(), 2, "saved");
+    assert_eq!(
+        store.load_thread("stopped").await.unwrap().len(),
+        2,
+        "saved"
+    );
     let failed = agent(failing, stack)
         .oneshot(RunRequest::new("hi").context(on_thread("failed", &sink)))
         .await;
@@ -214,9 +245,9 @@ async fn runs_that_did_not_complete_are_not_extracted_and_failed_ones_not_saved(
 async fn an_extraction_that_fails_is_logged_keeps_the_result_and_stops_compaction() {
     let store = InProcessMemory::new();
     let memory = MemoryMiddleware::new(store.clone())
-        .extractor(ModelExtractor::new(ScriptedModel::new([ScriptedTurn::text(
-            "I cannot do that",
-        )])))
+        .extractor(ModelExtractor::new(ScriptedModel::new([
+            ScriptedTurn::text("I cannot do that"),
+        ])))
         .compaction(ThreadCompaction::default().max_messages(0).keep_last(1));
     let agent = agent(echo("fine"), MiddlewareStack::new().push(memory));
     let sink = CollectingSink::new();
@@ -230,7 +261,11 @@ async fn an_extraction_that_fails_is_logged_keeps_the_result_and_stops_compactio
     assert_eq!(failures.len(), 1);
     assert_eq!(failures[0]["phase"], "extraction");
     assert!(custom(&sink, "memory_compacted").is_empty());
-    assert_eq!(store.load_thread("t").await.unwrap().len(), 3, "saved uncompacted");
+    assert_eq!(
+        store.load_thread("t").await.unwrap().len(),
+        3,
+        "saved uncompacted"
+    );
 }
 
 /// Records compaction hooks; says no when told to.
@@ -245,7 +280,10 @@ impl Middleware for Watch {
     }
 
     fn before_compaction<'a>(&'a self, _: &'a RunContext, m: &'a History) -> Hook<'a, bool> {
-        self.seen.lock().unwrap().push(format!("before {}", m.len()));
+        self.seen
+            .lock()
+            .unwrap()
+            .push(format!("before {}", m.len()));
         Hook::ok(self.allow)
     }
 
@@ -285,7 +323,11 @@ async fn the_thread_is_compacted_after_extraction_asking_the_hooks() {
         .oneshot(RunRequest::new("question 6").context(on_thread("t", &sink)))
         .await
         .unwrap();
-    assert_eq!(run.messages.len(), 15, "the run itself sees the whole thread");
+    assert_eq!(
+        run.messages.len(),
+        15,
+        "the run itself sees the whole thread"
+    );
     // Extraction read the run's own messages before compaction.
     let prompt = extraction.requests()[0].messages[1].text().into_owned();
     assert!(prompt.contains("[13] user: question 6"));
@@ -322,10 +364,11 @@ async fn the_thread_is_compacted_after_extraction_asking_the_hooks() {
 #[tokio::test(start_paused = true)]
 async fn slow_extraction_is_skipped_once_the_caller_stops_waiting() {
     let store = InProcessMemory::new();
-    let extraction = ScriptedModel::new([ScriptedTurn::text(
-        r#"{"memories": [{"text": "never stored"}]}"#,
-    )
-    .delay(Duration::from_secs(30))]);
+    let extraction =
+        ScriptedModel::new([
+            ScriptedTurn::text(r#"{"memories": [{"text": "never stored"}]}"#)
+                .delay(Duration::from_secs(30)),
+        ]);
     let memory = MemoryMiddleware::new(store.clone())
         .extractor(ModelExtractor::new(extraction))
         .compaction(ThreadCompaction::default().max_messages(0).keep_last(1));
@@ -343,12 +386,19 @@ async fn slow_extraction_is_skipped_once_the_caller_stops_waiting() {
         .await
         .unwrap();
     assert_eq!(run.output, "done");
-    assert!(started.elapsed() < Duration::from_secs(30), "it did not wait for the model");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "it did not wait for the model"
+    );
     assert!(store.items("default").await.unwrap().is_empty());
     let failures = custom(&sink, "memory_failed");
     assert_eq!(failures[0]["phase"], "extraction");
     assert!(failures[0]["error"].as_str().unwrap().contains("cancelled"));
-    assert_eq!(store.load_thread("t").await.unwrap().len(), 3, "saved, not compacted");
+    assert_eq!(
+        store.load_thread("t").await.unwrap().len(),
+        3,
+        "saved, not compacted"
+    );
 }
 
 /// A store whose every operation fails.
@@ -413,7 +463,10 @@ async fn a_run_namespace_overrides_the_middleware_s() {
         .await
         .unwrap();
     let model = echo("ok");
-    let agent = agent(model.clone(), MiddlewareStack::new().push(MemoryMiddleware::new(store)));
+    let agent = agent(
+        model.clone(),
+        MiddlewareStack::new().push(MemoryMiddleware::new(store)),
+    );
     let ctx = RunContext::builder()
         .state(MemoryNamespace::new("user-1"))
         .build();
