@@ -37,7 +37,7 @@ mod compression;
 #[cfg(feature = "guards")]
 pub mod guards;
 pub mod limits;
-mod memory;
+pub mod memory;
 mod trim;
 mod usage;
 
