@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::event::{AgentEvent, EventSink, NoopSink};
-use crate::types::{Cost, PriceTable, StopReason, Usage};
+use crate::types::{Cost, History, PriceTable, StopReason, Usage};
 
 /// One entry of the usage ledger: one model call that reached a backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +98,16 @@ struct Inner {
     /// `Some` once a lifecycle layer brackets the run: the context its
     /// `before_agent` hooks added, until the loop takes it.
     bracket: Mutex<Option<Vec<String>>>,
+    /// What hooks handed the run before it began: context for this run
+    /// only, and the thread's earlier messages.
+    prelude: Mutex<Prelude>,
+}
+
+/// See [`RunContext::add_run_context`] and [`RunContext::provide_history`].
+#[derive(Default)]
+struct Prelude {
+    context: Vec<String>,
+    history: Option<History>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -156,6 +166,7 @@ impl RunContext {
                 stop: Mutex::default(),
                 stop_unattributed: AtomicBool::new(false),
                 bracket: Mutex::default(),
+                prelude: Mutex::default(),
             }),
         }
     }
@@ -414,6 +425,34 @@ impl RunContext {
         std::mem::take(&mut *lock(&self.inner.pending_context))
     }
 
+    /// Adds a system message right after the system prompt, for this run
+    /// only: the model reads it on every turn, the transcript (and so the
+    /// thread) leaves it out. What `before_agent`'s `Some(text)` does, for a
+    /// hook that runs later and needs the input (`before_run`), such as
+    /// memory recalled for it. Text added once the first turn began is not
+    /// read.
+    pub fn add_run_context(&self, text: impl Into<String>) {
+        lock(&self.inner.prelude).context.push(text.into());
+    }
+
+    /// Takes the texts [`add_run_context`](Self::add_run_context) collected.
+    pub(crate) fn take_run_context(&self) -> Vec<String> {
+        std::mem::take(&mut lock(&self.inner.prelude).context)
+    }
+
+    /// Gives a new run whose request came without history the thread's
+    /// earlier messages, from a `before_agent` hook (a memory store that
+    /// loads the thread). A run that has history or resumes a checkpoint
+    /// ignores it, and so does a run that already began.
+    pub fn provide_history(&self, history: impl Into<History>) {
+        lock(&self.inner.prelude).history = Some(history.into());
+    }
+
+    /// Takes what [`provide_history`](Self::provide_history) gave.
+    pub(crate) fn take_provided_history(&self) -> Option<History> {
+        lock(&self.inner.prelude).history.take()
+    }
+
     /// Ends the run before its next model call: it completes with status
     /// *stopped* and `reason`. The stack names the middleware (or the tool)
     /// that asked; use [`stop_by`](Self::stop_by) to name it yourself.
@@ -654,6 +693,7 @@ impl RunContextBuilder {
                 stop: Mutex::default(),
                 stop_unattributed: AtomicBool::new(false),
                 bracket: Mutex::default(),
+                prelude: Mutex::default(),
             }),
         }
     }

@@ -11,6 +11,7 @@ pub mod future;
 pub mod hooks;
 pub mod layers;
 pub mod lifecycle;
+pub mod memory;
 pub mod prelude;
 pub mod request;
 pub mod service;

@@ -37,12 +37,17 @@ mod compression;
 #[cfg(feature = "guards")]
 pub mod guards;
 pub mod limits;
+pub mod memory;
 mod trim;
 mod usage;
 
 pub use cache_guard::{CacheLayoutEvent, PromptCacheGuardMiddleware};
 pub use compression::{
     ConcatSummarizer, ContextCompressionMiddleware, SummarizationPolicy, Summarizer, SummaryRecord,
+};
+pub use memory::{
+    parse_memories, Extracted, ExtractionRequest, MemoryExtractor, MemoryMiddleware,
+    MemoryNamespace, ModelExtractor, ThreadCompaction,
 };
 pub use trim::{trim_messages, MessageTrimMiddleware, TrimStrategy};
 pub use usage::{UsageAccountingMiddleware, UsageTotals};

@@ -63,6 +63,11 @@ async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, A
     let start_context = run.start_hooks(resumed, has_history).await?;
     let resume = match input {
         RunInput::Message(input) => {
+            let history = if history.is_empty() {
+                run.ctx.take_provided_history().unwrap_or(history)
+            } else {
+                history
+            };
             run.begin(input, history).await?;
             None
         }
@@ -163,8 +168,10 @@ impl Run {
         hooks.before_agent(&self.ctx, start).await.map_err(classify)
     }
 
-    /// Puts the `before_agent` context right after the system prompt.
-    fn add_start_context(&mut self, texts: Vec<String>) {
+    /// Puts the `before_agent` context, and what hooks added with
+    /// `RunContext::add_run_context`, right after the system prompt.
+    fn add_start_context(&mut self, mut texts: Vec<String>) {
+        texts.extend(self.ctx.take_run_context());
         if texts.is_empty() {
             return;
         }

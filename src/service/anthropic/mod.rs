@@ -49,6 +49,38 @@
 //! [`ModelDelta::Reasoning`](crate::types::ModelDelta::Reasoning) and left
 //! out of the message.
 //!
+//! # Prompt caching
+//!
+//! With [`prompt_caching(true)`](AnthropicMessagesBuilder::prompt_caching)
+//! every request carries `cache_control: {"type": "ephemeral"}`
+//! breakpoints on its stable prefix, at most the API's 4, in this order:
+//!
+//! 1. the last tool definition (the tools come first in the prompt);
+//! 2. the leading system messages: `system` is then sent as text blocks,
+//!    the leading messages in one block that carries the breakpoint, and
+//!    system messages that come later (and the `response_format`
+//!    instruction) in a block after it;
+//! 3. the last block of the last message: the whole prompt is written to
+//!    the cache, and the next turn, which only appends, reads it;
+//! 4. the last block of the message before it: a fallback for when the
+//!    next turn adds more than the API looks back from a breakpoint.
+//!
+//! Each turn of an agent then reads the earlier turns from the cache. The
+//! usage says what was read (`cached_input_tokens`); what was written is
+//! part of `input_tokens`. A prompt shorter than the model's minimum is
+//! not cached, and no error says so.
+//!
+//! ```
+//! use tower_agent::service::anthropic::AnthropicMessages;
+//!
+//! let claude = AnthropicMessages::builder("https://api.anthropic.com")
+//!     .api_key("sk-ant-...")
+//!     .prompt_caching(true)
+//!     .build()
+//!     .unwrap();
+//! # let _ = claude;
+//! ```
+//!
 //! # Streaming
 //!
 //! With a sink on the call, the request sets `stream: true` and reads the
@@ -70,7 +102,7 @@ use http::{HeaderMap, HeaderValue};
 
 pub use self::stream::fuzz_anthropic_stream;
 use self::stream::EventAccumulator;
-use self::wire::{MessagesRequest, MessagesResponse};
+use self::wire::{MessagesRequest, MessagesResponse, MAX_CACHE_BREAKPOINTS};
 use crate::error::AgentError;
 use crate::request::ModelCall;
 use crate::service::http::{
@@ -100,7 +132,10 @@ impl AnthropicMessages {
         AnthropicMessagesBuilder {
             http: HttpOptions::new(base_url.into()),
             version: DEFAULT_VERSION.to_owned(),
-            format: AnthropicFormat { max_tokens: 4096 },
+            format: AnthropicFormat {
+                max_tokens: 4096,
+                cache_breakpoints: 0,
+            },
         }
     }
 
@@ -183,6 +218,22 @@ impl AnthropicMessagesBuilder {
         self
     }
 
+    /// Places prompt-cache breakpoints on every request (default off): see
+    /// [Prompt caching](self#prompt-caching).
+    pub fn prompt_caching(mut self, yes: bool) -> Self {
+        self.format.cache_breakpoints = if yes { MAX_CACHE_BREAKPOINTS } else { 0 };
+        self
+    }
+
+    /// Places at most `n` prompt-cache breakpoints (the API takes at most
+    /// 4; 0 turns caching off), in the order of
+    /// [Prompt caching](self#prompt-caching): to leave some for a layer of
+    /// your own, or to cache less.
+    pub fn cache_breakpoints(mut self, n: usize) -> Self {
+        self.format.cache_breakpoints = n.min(MAX_CACHE_BREAKPOINTS);
+        self
+    }
+
     /// The service.
     ///
     /// # Errors
@@ -221,6 +272,7 @@ http_model_service!(AnthropicMessages);
 /// The Messages wire format and its settings.
 struct AnthropicFormat {
     max_tokens: u32,
+    cache_breakpoints: usize,
 }
 
 impl Format for AnthropicFormat {
@@ -229,8 +281,11 @@ impl Format for AnthropicFormat {
     const PROVIDER: &'static str = "anthropic";
 
     fn body(&self, call: &ModelCall, model: &str) -> serde_json::Result<Vec<u8>> {
-        let body =
+        let mut body =
             MessagesRequest::new(&call.request, model, self.max_tokens, call.stream.is_some());
+        if self.cache_breakpoints > 0 {
+            body.cache_breakpoints(self.cache_breakpoints);
+        }
         serde_json::to_vec(&body)
     }
 

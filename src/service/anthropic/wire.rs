@@ -17,7 +17,7 @@ pub(crate) struct MessagesRequest<'a> {
     model: &'a str,
     max_tokens: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
-    system: Option<String>,
+    system: Option<System>,
     messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
@@ -29,7 +29,43 @@ pub(crate) struct MessagesRequest<'a> {
     stop_sequences: &'a [String],
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
+    /// The system texts in order, and how many lead (come before the first
+    /// other message): what prompt caching splits `system` by.
+    #[serde(skip)]
+    system_parts: Vec<Cow<'a, str>>,
+    #[serde(skip)]
+    system_lead: usize,
 }
+
+/// `system`: one string, or text blocks when a breakpoint marks one.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum System {
+    Text(String),
+    Blocks(Vec<SystemBlock>),
+}
+
+#[derive(Debug, Serialize)]
+struct SystemBlock {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
+}
+
+/// A prompt-cache breakpoint: the prefix up to and including the block that
+/// carries it is cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+struct CacheControl {
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+const EPHEMERAL: CacheControl = CacheControl { kind: "ephemeral" };
+
+/// The most breakpoints the Messages API takes in one request.
+pub(crate) const MAX_CACHE_BREAKPOINTS: usize = 4;
 
 #[derive(Debug, Serialize)]
 struct WireMessage<'a> {
@@ -42,19 +78,38 @@ struct WireMessage<'a> {
 enum Block<'a> {
     Text {
         text: Cow<'a, str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cache_control: Option<CacheControl>,
     },
     Image {
         source: Value,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cache_control: Option<CacheControl>,
     },
     ToolUse {
         id: &'a str,
         name: &'a str,
         input: Value,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cache_control: Option<CacheControl>,
     },
     ToolResult {
         tool_use_id: &'a str,
         content: Cow<'a, str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cache_control: Option<CacheControl>,
     },
+}
+
+impl Block<'_> {
+    /// Puts a breakpoint on this block.
+    fn mark(&mut self) {
+        let (Block::Text { cache_control, .. }
+        | Block::Image { cache_control, .. }
+        | Block::ToolUse { cache_control, .. }
+        | Block::ToolResult { cache_control, .. }) = self;
+        *cache_control = Some(EPHEMERAL);
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -63,6 +118,8 @@ struct WireTool<'a> {
     #[serde(skip_serializing_if = "str::is_empty")]
     description: &'a str,
     input_schema: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
 }
 
 /// An image part as an Anthropic image source: a `data:` URI as base64, any
@@ -82,6 +139,7 @@ fn content_blocks(content: Option<&MessageContent>) -> Vec<Block<'_>> {
         Some(MessageContent::Text(text)) if text.is_empty() => Vec::new(),
         Some(MessageContent::Text(text)) => vec![Block::Text {
             text: Cow::Borrowed(text),
+            cache_control: None,
         }],
         Some(MessageContent::Parts(parts)) => parts
             .iter()
@@ -89,9 +147,11 @@ fn content_blocks(content: Option<&MessageContent>) -> Vec<Block<'_>> {
                 ContentPart::Text { text } if text.is_empty() => None,
                 ContentPart::Text { text } => Some(Block::Text {
                     text: Cow::Borrowed(text),
+                    cache_control: None,
                 }),
                 ContentPart::ImageUrl { image_url } => Some(Block::Image {
                     source: image_source(&image_url.url),
+                    cache_control: None,
                 }),
             })
             .collect(),
@@ -123,11 +183,15 @@ impl<'a> MessagesRequest<'a> {
         stream: bool,
     ) -> Self {
         let mut system: Vec<Cow<'a, str>> = Vec::new();
+        let mut system_lead = 0;
         let mut messages: Vec<WireMessage<'a>> = Vec::new();
         for message in request.messages.iter() {
             let (role, blocks) = match message.role {
                 Role::System => {
                     system.push(message.text());
+                    if messages.is_empty() {
+                        system_lead = system.len();
+                    }
                     continue;
                 }
                 Role::User => ("user", content_blocks(message.content.as_ref())),
@@ -137,6 +201,7 @@ impl<'a> MessagesRequest<'a> {
                         id: &call.id,
                         name: &call.name,
                         input: tool_input(&call.arguments),
+                        cache_control: None,
                     }));
                     ("assistant", blocks)
                 }
@@ -145,6 +210,7 @@ impl<'a> MessagesRequest<'a> {
                     vec![Block::ToolResult {
                         tool_use_id: message.tool_call_id.as_deref().unwrap_or(""),
                         content: message.text(),
+                        cache_control: None,
                     }],
                 ),
             };
@@ -176,14 +242,61 @@ impl<'a> MessagesRequest<'a> {
         Self {
             model,
             max_tokens: settings.max_tokens.unwrap_or(default_max_tokens),
-            system: (!system.is_empty()).then(|| system.join("\n\n")),
+            system: (!system.is_empty()).then(|| System::Text(system.join("\n\n"))),
             messages,
             tools,
             tool_choice,
             temperature: settings.temperature,
             stop_sequences: &settings.stop,
             stream,
+            system_parts: system,
+            system_lead,
         }
+    }
+
+    /// Places prompt-cache breakpoints on the stable prefix, at most
+    /// [`MAX_CACHE_BREAKPOINTS`] and at most `max`: the last tool, the
+    /// leading system messages (then `system` is sent as text blocks: the
+    /// leading ones, and the later ones and the response-format instruction
+    /// after them), and the last block of the last two messages (the tail
+    /// caches the whole prompt for the next turn, which then reads it; the
+    /// one before is the fallback when the tail moved too far). Answers how
+    /// many it placed.
+    pub(crate) fn cache_breakpoints(&mut self, max: usize) -> usize {
+        let mut left = max.min(MAX_CACHE_BREAKPOINTS);
+        if left > 0 {
+            if let Some(tool) = self.tools.last_mut() {
+                tool.cache_control = Some(EPHEMERAL);
+                left -= 1;
+            }
+        }
+        if left > 0 && self.system_lead > 0 {
+            let (lead, rest) = self.system_parts.split_at(self.system_lead);
+            let mut blocks = vec![SystemBlock {
+                kind: "text",
+                text: lead.join("\n\n"),
+                cache_control: Some(EPHEMERAL),
+            }];
+            if !rest.is_empty() {
+                blocks.push(SystemBlock {
+                    kind: "text",
+                    text: rest.join("\n\n"),
+                    cache_control: None,
+                });
+            }
+            self.system = Some(System::Blocks(blocks));
+            left -= 1;
+        }
+        for message in self.messages.iter_mut().rev().take(2) {
+            if left == 0 {
+                break;
+            }
+            if let Some(block) = message.content.last_mut() {
+                block.mark();
+                left -= 1;
+            }
+        }
+        max.min(MAX_CACHE_BREAKPOINTS) - left
     }
 }
 
@@ -193,6 +306,7 @@ impl<'a> From<&'a ToolSpec> for WireTool<'a> {
             name: &spec.name,
             description: &spec.description,
             input_schema: &spec.parameters,
+            cache_control: None,
         }
     }
 }
@@ -422,6 +536,89 @@ mod tests {
                 reasoning_tokens: 0
             }
         );
+    }
+
+    fn count_breakpoints(value: &Value) -> usize {
+        match value {
+            Value::Object(map) => {
+                usize::from(map.contains_key("cache_control"))
+                    + map.values().map(count_breakpoints).sum::<usize>()
+            }
+            Value::Array(list) => list.iter().map(count_breakpoints).sum(),
+            _ => 0,
+        }
+    }
+
+    fn cached_request() -> ModelRequest {
+        let mut request = ModelRequest::new(
+            "claude-test",
+            vec![
+                Message::system("You report the weather."),
+                Message::system("<memory_context>\n- [fact] lives in Paris\n</memory_context>"),
+                Message::user("weather?"),
+                Message::assistant_tool_calls(vec![ToolCall::new("toolu_1", "weather", "{}")]),
+                Message::tool("toolu_1", "18C"),
+                Message::system("added later"),
+            ],
+        );
+        request.tools = vec![
+            ToolSpec::new("time", "", json!({"type": "object"})),
+            ToolSpec::new("weather", "", json!({"type": "object"})),
+        ]
+        .into();
+        request
+    }
+
+    #[test]
+    fn places_breakpoints_on_tools_the_leading_system_and_the_last_two_messages() {
+        let request = cached_request();
+        let mut body = MessagesRequest::new(&request, "claude-test", 1024, false);
+        assert_eq!(body.cache_breakpoints(4), 4);
+        let body = serde_json::to_value(&body).unwrap();
+        let ephemeral = json!({"type": "ephemeral"});
+        assert_eq!(body["tools"][0].get("cache_control"), None);
+        assert_eq!(body["tools"][1]["cache_control"], ephemeral);
+        assert_eq!(
+            body["system"],
+            json!([
+                {"type": "text", "text": "You report the weather.\n\n<memory_context>\n- [fact] lives in Paris\n</memory_context>", "cache_control": ephemeral},
+                {"type": "text", "text": "added later"}
+            ])
+        );
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 3);
+        assert_eq!(messages[0]["content"][0].get("cache_control"), None);
+        assert_eq!(messages[1]["content"][0]["cache_control"], ephemeral);
+        assert_eq!(messages[2]["content"][0]["cache_control"], ephemeral);
+        assert_eq!(count_breakpoints(&body), 4);
+    }
+
+    #[test]
+    fn never_places_more_than_the_api_takes_or_than_asked() {
+        let request = cached_request();
+        for (max, placed) in [(0, 0), (1, 1), (2, 2), (9, 4)] {
+            let mut body = MessagesRequest::new(&request, "claude-test", 1024, false);
+            assert_eq!(body.cache_breakpoints(max), placed);
+            let value = serde_json::to_value(&body).unwrap();
+            assert_eq!(count_breakpoints(&value), placed, "max {max}");
+            if max == 1 {
+                assert!(
+                    value["tools"][1].get("cache_control").is_some(),
+                    "tools first"
+                );
+                assert!(value["system"].is_string(), "system untouched");
+            }
+        }
+        // No tools, no system: the two messages are all there is to mark.
+        let request = ModelRequest::new("m", vec![Message::user("hi")]);
+        let mut body = MessagesRequest::new(&request, "m", 1024, false);
+        assert_eq!(body.cache_breakpoints(4), 1);
+        let value = serde_json::to_value(&body).unwrap();
+        assert_eq!(
+            value["messages"][0]["content"][0]["cache_control"]["type"],
+            "ephemeral"
+        );
+        assert_eq!(value.get("system"), None);
     }
 
     #[test]

@@ -57,6 +57,12 @@
 //! completion, cached (`prompt_tokens_details.cached_tokens`) and reasoning
 //! (`completion_tokens_details.reasoning_tokens`) tokens.
 //!
+//! Prompt caching is the provider's, on the longest prefix it has seen;
+//! [`OpenAiChatBuilder::prompt_cache_key`] (or
+//! [`prompt_cache_key_per_thread`](OpenAiChatBuilder::prompt_cache_key_per_thread))
+//! sends `prompt_cache_key` to keep requests that share a prefix on one
+//! cache.
+//!
 //! # Streaming
 //!
 //! When the call has a sink ([`ModelCall::stream`]), the request asks for
@@ -140,6 +146,7 @@ impl OpenAiChat {
             format: OpenAiFormat {
                 max_tokens_field: MaxTokensField::MaxTokens,
                 include_usage: true,
+                prompt_cache_key: None,
             },
         }
     }
@@ -220,6 +227,25 @@ impl OpenAiChatBuilder {
         self
     }
 
+    /// Sends `prompt_cache_key: key` with every request: OpenAI routes
+    /// requests with the same key and prefix to the same cache, which
+    /// raises the share of cached input (`cached_input_tokens` in the
+    /// usage). Use one key per group of requests that share a long prefix
+    /// (an agent, a tenant). Servers that do not know the field ignore it
+    /// or refuse it: leave it unset for them.
+    pub fn prompt_cache_key(mut self, key: impl Into<Arc<str>>) -> Self {
+        self.format.prompt_cache_key = Some(PromptCacheKey::Fixed(key.into()));
+        self
+    }
+
+    /// Sends the run's thread id as `prompt_cache_key` (nothing for a run
+    /// without a thread): every turn of a thread shares one cache. See
+    /// [`prompt_cache_key`](Self::prompt_cache_key).
+    pub fn prompt_cache_key_per_thread(mut self) -> Self {
+        self.format.prompt_cache_key = Some(PromptCacheKey::Thread);
+        self
+    }
+
     /// The service.
     ///
     /// # Errors
@@ -244,6 +270,16 @@ http_model_service!(OpenAiChat);
 struct OpenAiFormat {
     max_tokens_field: MaxTokensField,
     include_usage: bool,
+    prompt_cache_key: Option<PromptCacheKey>,
+}
+
+/// Where `prompt_cache_key` comes from.
+#[derive(Debug, Clone)]
+enum PromptCacheKey {
+    /// The same key on every request.
+    Fixed(Arc<str>),
+    /// The run's thread id (none for a run without a thread).
+    Thread,
 }
 
 impl Format for OpenAiFormat {
@@ -252,13 +288,18 @@ impl Format for OpenAiFormat {
     const PROVIDER: &'static str = "openai";
 
     fn body(&self, call: &ModelCall, model: &str) -> serde_json::Result<Vec<u8>> {
-        let body = ChatRequest::new(
+        let mut body = ChatRequest::new(
             &call.request,
             model,
             call.stream.is_some(),
             self.include_usage,
             self.max_tokens_field,
         );
+        body.prompt_cache_key = match &self.prompt_cache_key {
+            None => None,
+            Some(PromptCacheKey::Fixed(key)) => Some(key),
+            Some(PromptCacheKey::Thread) => call.context.thread_id(),
+        };
         serde_json::to_vec(&body)
     }
 

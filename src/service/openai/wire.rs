@@ -42,6 +42,10 @@ pub(crate) struct ChatRequest<'a> {
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     stream_options: Option<StreamOptions>,
+    /// Groups requests that share a prefix onto the same cache (OpenAI's
+    /// `prompt_cache_key`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) prompt_cache_key: Option<&'a str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -94,6 +98,7 @@ impl<'a> ChatRequest<'a> {
             stream_options: (stream && include_usage).then_some(StreamOptions {
                 include_usage: true,
             }),
+            prompt_cache_key: None,
         }
     }
 }
