@@ -30,7 +30,7 @@ pub use history::{History, Iter as HistoryIter};
 pub use message::{ContentPart, ImageUrl, Message, MessageContent, Role, ToolCall};
 pub use model::{
     FinishReason, JsonSchemaFormat, ModelDelta, ModelRequest, ModelResponse, ModelSettings,
-    ResponseFormat, ToolSpec,
+    ResponseFormat, ToolChoice, ToolSpec,
 };
 pub use model_name::ModelName;
 pub use run::{
