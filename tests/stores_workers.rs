@@ -305,6 +305,7 @@ async fn a_run_paused_here_is_resumed_by_exactly_one_other_process() {
         usage_total: Usage::default(),
         counters: Counters::default(),
         output_attempts: 0,
+        approvals: Vec::new(),
     };
     store.put(checkpoint).await.unwrap();
     let workers: Vec<Child> = (0..3)

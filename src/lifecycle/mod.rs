@@ -157,7 +157,8 @@
 //!
 //! # Tool verdicts and approvals
 //!
-//! Of several `before_tool` verdicts, deny > defer > ask > allow > continue
+//! Of several `before_tool` verdicts, deny > defer > ask > allow >
+//! ask-unless-allowed > continue
 //! ([`merge_verdicts`]); each middleware sees the arguments the ones before
 //! it rewrote, and the last rewrite counts. A call that asks is decided by
 //! the `decide_approval` hooks, then the agent's approver; if nobody decides

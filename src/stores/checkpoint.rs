@@ -14,7 +14,7 @@
 //! #     Checkpoint { agent: "billing".into(), run_id: "run-1".into(), thread_id: None,
 //! #         messages: vec![], completed: vec![], pending: vec![], iteration: 1,
 //! #         usage: Usage::default(), usage_total: Usage::default(), counters: Counters::default(),
-//! #         output_attempts: 0 }
+//! #         output_attempts: 0, approvals: vec![] }
 //! # }
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -245,6 +245,7 @@ mod tests {
             usage_total: Usage::default(),
             counters: Counters::default(),
             output_attempts: 0,
+            approvals: Vec::new(),
         }
     }
 

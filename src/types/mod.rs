@@ -34,7 +34,7 @@ pub use model::{
 };
 pub use model_name::ModelName;
 pub use run::{
-    arguments_hash, AgentRun, ApprovalDecision, Checkpoint, Counters, PendingCall, RunStatus,
-    StopReason,
+    arguments_hash, AgentRun, ApprovalDecision, ApprovalScope, Checkpoint, Counters, PendingCall,
+    RunStatus, StickyApproval, StopReason,
 };
 pub use usage::Usage;

@@ -301,6 +301,7 @@ pub(crate) fn checkpoint(run_id: &str, iteration: u32) -> Checkpoint {
         usage_total: Usage::new(10, 2),
         counters: Counters::default(),
         output_attempts: 0,
+        approvals: Vec::new(),
     }
 }
 

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::Config;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, TimeoutSource};
-use crate::hooks::HookPort;
+use crate::hooks::{HookPort, StickyApprovals};
 use crate::request::DeltaSink;
 use crate::types::{AgentRun, Checkpoint, Counters, History, Message, PendingCall, RunStatus};
 
@@ -85,6 +85,9 @@ impl Run {
             usage_total: self.ctx.total_usage(),
             counters: self.counters,
             output_attempts: self.output_attempts,
+            approvals: StickyApprovals::find(&self.ctx)
+                .map(|s| s.to_vec())
+                .unwrap_or_default(),
         }
     }
 
