@@ -37,6 +37,7 @@ mod compression;
 #[cfg(feature = "guards")]
 pub mod guards;
 pub mod limits;
+pub mod policy;
 mod trim;
 mod usage;
 
