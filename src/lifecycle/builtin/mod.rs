@@ -38,6 +38,7 @@ mod compression;
 pub mod guards;
 pub mod limits;
 pub mod policy;
+pub mod tool_selection;
 mod trim;
 mod usage;
 
