@@ -148,7 +148,9 @@ mod tests {
         assert!(StickyApprovals::find(&child).is_none());
         // Made from a nested run, the set lands in the root.
         StickyApprovals::of(&child).remember(approval("a"));
-        assert!(StickyApprovals::find(&root).unwrap().covers(&ToolCall::new("1", "a", "{}")));
+        assert!(StickyApprovals::find(&root)
+            .unwrap()
+            .covers(&ToolCall::new("1", "a", "{}")));
 
         let thread = StickyApprovals::new();
         thread.remember(approval("b"));
@@ -160,6 +162,8 @@ mod tests {
 
         let fresh = RunContext::new();
         thread.install(&fresh);
-        assert!(StickyApprovals::find(&fresh).unwrap().covers(&ToolCall::new("2", "b", "{}")));
+        assert!(StickyApprovals::find(&fresh)
+            .unwrap()
+            .covers(&ToolCall::new("2", "b", "{}")));
     }
 }

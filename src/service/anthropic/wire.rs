@@ -419,7 +419,10 @@ mod tests {
         request.settings.tool_choice = Some(ToolChoice::Required);
         let body = MessagesRequest::new(&request, "m", 16, false);
         assert!(
-            serde_json::to_value(&body).unwrap().get("tool_choice").is_none(),
+            serde_json::to_value(&body)
+                .unwrap()
+                .get("tool_choice")
+                .is_none(),
             "no tools, no choice"
         );
         request.tools = vec![ToolSpec::new("weather", "", json!({"type": "object"}))].into();

@@ -5,8 +5,8 @@ use serde_json::Value;
 
 use crate::service::http::{response, tokens};
 use crate::types::{
-    FinishReason, History, ModelRequest, ModelResponse, ResponseFormat, ToolCall, ToolChoice, ToolSpec,
-    Usage,
+    FinishReason, History, ModelRequest, ModelResponse, ResponseFormat, ToolCall, ToolChoice,
+    ToolSpec, Usage,
 };
 
 /// Which field carries `max_tokens`.
@@ -113,7 +113,9 @@ fn wire_tool_choice(choice: &ToolChoice) -> Value {
         ToolChoice::Auto => Value::from("auto"),
         ToolChoice::None => Value::from("none"),
         ToolChoice::Required => Value::from("required"),
-        ToolChoice::Tool(name) => serde_json::json!({"type": "function", "function": {"name": name}}),
+        ToolChoice::Tool(name) => {
+            serde_json::json!({"type": "function", "function": {"name": name}})
+        }
     }
 }
 

@@ -227,10 +227,16 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let json = dir.join("policy.json");
         std::fs::write(&json, r#"{"rules": [{"action": "deny", "tool": "rm_*"}]}"#).unwrap();
-        assert_eq!(PolicyConfig::load(&json).unwrap().rules, [Rule::deny("rm_*")]);
+        assert_eq!(
+            PolicyConfig::load(&json).unwrap().rules,
+            [Rule::deny("rm_*")]
+        );
         let yaml = dir.join("policy.yaml");
         std::fs::write(&yaml, "rules: []").unwrap();
-        assert!(matches!(PolicyConfig::load(&yaml), Err(PolicyError::File { .. })));
+        assert!(matches!(
+            PolicyConfig::load(&yaml),
+            Err(PolicyError::File { .. })
+        ));
         assert!(matches!(
             PolicyConfig::load(dir.join("missing.json")),
             Err(PolicyError::File { .. })
@@ -240,9 +246,10 @@ mod tests {
 
     #[test]
     fn an_invalid_rule_does_not_build() {
-        let config =
-            PolicyConfig::from_json(r#"{"rules": [{"action": "deny", "when": [{"pointer": "/a"}]}]}"#)
-                .unwrap();
+        let config = PolicyConfig::from_json(
+            r#"{"rules": [{"action": "deny", "when": [{"pointer": "/a"}]}]}"#,
+        )
+        .unwrap();
         let err = config.build().unwrap_err();
         assert!(err.to_string().contains("tests nothing"), "{err}");
     }

@@ -90,7 +90,10 @@ mod tests {
     #[test]
     fn what_each_mode_does_with_an_open_call() {
         assert_eq!(PermissionMode::Default.unruled(), ToolDecision::Continue);
-        assert_eq!(PermissionMode::Ask.unruled(), ToolDecision::AskUnlessAllowed);
+        assert_eq!(
+            PermissionMode::Ask.unruled(),
+            ToolDecision::AskUnlessAllowed
+        );
         assert_eq!(PermissionMode::Auto.unruled(), ToolDecision::Allow);
         assert_eq!(PermissionMode::DontAsk.unruled(), ToolDecision::Continue);
     }
@@ -100,7 +103,10 @@ mod tests {
         let root = RunContext::builder().state(PermissionMode::Ask).build();
         let child = root.child();
         child.insert_state(PermissionMode::Auto);
-        assert_eq!(PermissionMode::of(&child.child()), Some(PermissionMode::Auto));
+        assert_eq!(
+            PermissionMode::of(&child.child()),
+            Some(PermissionMode::Auto)
+        );
         assert_eq!(PermissionMode::of(&root), Some(PermissionMode::Ask));
         assert_eq!(PermissionMode::of(&RunContext::new()), None);
         let camel: PermissionMode = serde_json::from_str(r#""dontAsk""#).unwrap();

@@ -515,7 +515,10 @@ mod tests {
         assert!(fs.matches("fs_read") && fs.matches("fs_") && !fs.matches("xfs_read"));
         assert!(gh.matches("mcp__github__create_issue") && !gh.matches("mcp__gitlab__x"));
         assert!(one.matches("get_a") && !one.matches("get_ab"));
-        assert!(dotted.matches("a.bc") && !dotted.matches("axbc"), "literal dots");
+        assert!(
+            dotted.matches("a.bc") && !dotted.matches("axbc"),
+            "literal dots"
+        );
         assert!(NameMatch::new("").is_err());
     }
 
@@ -559,14 +562,32 @@ mod tests {
                 .is_some()
         };
         let args = json!({"amount": 1000, "to": "acct_internal_7", "tags": ["x"], "cur": "EUR"});
-        assert!(holds(ArgCondition::at("/amount").equals(1000.0), args.clone()));
-        assert!(holds(ArgCondition::at("/amount").ge(1000.0).le(1000.0), args.clone()));
+        assert!(holds(
+            ArgCondition::at("/amount").equals(1000.0),
+            args.clone()
+        ));
+        assert!(holds(
+            ArgCondition::at("/amount").ge(1000.0).le(1000.0),
+            args.clone()
+        ));
         assert!(!holds(ArgCondition::at("/amount").gt(1000.0), args.clone()));
         assert!(!holds(ArgCondition::at("/amount").lt(1000.0), args.clone()));
-        assert!(holds(ArgCondition::at("/cur").one_of(["USD", "EUR"]), args.clone()));
-        assert!(!holds(ArgCondition::at("/cur").one_of(["USD"]), args.clone()));
-        assert!(holds(ArgCondition::at("/to").matches("^acct_internal_"), args.clone()));
-        assert!(!holds(ArgCondition::at("/to").matches("^ext_"), args.clone()));
+        assert!(holds(
+            ArgCondition::at("/cur").one_of(["USD", "EUR"]),
+            args.clone()
+        ));
+        assert!(!holds(
+            ArgCondition::at("/cur").one_of(["USD"]),
+            args.clone()
+        ));
+        assert!(holds(
+            ArgCondition::at("/to").matches("^acct_internal_"),
+            args.clone()
+        ));
+        assert!(!holds(
+            ArgCondition::at("/to").matches("^ext_"),
+            args.clone()
+        ));
         assert!(holds(ArgCondition::at("/tags/0").equals("x"), args.clone()));
         // A missing value, a string where a number is wanted, arguments that
         // are not JSON: the condition does not hold.
@@ -574,7 +595,9 @@ mod tests {
         assert!(!holds(ArgCondition::at("/cur").gt(0.0), args.clone()));
         assert!(!holds(ArgCondition::at("/amount").matches("1"), args));
         let set = RuleSet::new(vec![Rule::deny("t").when(ArgCondition::at("/a").gt(0.0))]).unwrap();
-        assert!(set.decide(&ToolCall::new("c", "t", "not json"), false).is_none());
+        assert!(set
+            .decide(&ToolCall::new("c", "t", "not json"), false)
+            .is_none());
     }
 
     #[test]
@@ -585,8 +608,14 @@ mod tests {
         ])
         .unwrap();
         let call = ToolCall::new("c", "fs_read", "{}");
-        assert_eq!(set.decide(&call, true).map(|r| r.label.as_str()), Some("reads"));
-        assert_eq!(set.decide(&call, false).map(|r| r.label.as_str()), Some("writes"));
+        assert_eq!(
+            set.decide(&call, true).map(|r| r.label.as_str()),
+            Some("reads")
+        );
+        assert_eq!(
+            set.decide(&call, false).map(|r| r.label.as_str()),
+            Some("writes")
+        );
     }
 
     #[test]
@@ -600,10 +629,14 @@ mod tests {
             "#1 deny t: `amount` is not a JSON Pointer: it must be empty or start with `/`"
         );
         assert!(problem(Rule::deny("t").when(ArgCondition::at("/a"))).contains("tests nothing"));
-        assert!(problem(Rule::deny("t").when(ArgCondition::at("/a").matches("(")))
-            .contains("does not compile"));
+        assert!(
+            problem(Rule::deny("t").when(ArgCondition::at("/a").matches("(")))
+                .contains("does not compile")
+        );
         assert!(problem(Rule::deny("").named("empty")).starts_with("empty: "));
-        assert!(problem(Rule::deny("t").when(ArgCondition::at("/a").gt(f64::NAN)))
-            .contains("not a number"));
+        assert!(
+            problem(Rule::deny("t").when(ArgCondition::at("/a").gt(f64::NAN)))
+                .contains("not a number")
+        );
     }
 }

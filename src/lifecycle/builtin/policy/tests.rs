@@ -46,9 +46,14 @@ async fn rules_then_the_mode_decide() {
         (PermissionMode::Auto, ToolDecision::Allow),
         (PermissionMode::DontAsk, ToolDecision::Continue),
     ] {
-        let ctx = RunContext::builder().state(mode).state(tools.clone()).build();
+        let ctx = RunContext::builder()
+            .state(mode)
+            .state(tools.clone())
+            .build();
         let large = verdict(&policy, &ctx, &call("transfer", r#"{"amount": 5000}"#)).await;
-        assert!(matches!(large.decision, ToolDecision::Deny { ref reason } if reason.contains("`large`")));
+        assert!(
+            matches!(large.decision, ToolDecision::Deny { ref reason } if reason.contains("`large`"))
+        );
         assert_eq!(large.decided_by.as_deref(), Some("tool-policy"));
         let small = verdict(&policy, &ctx, &call("transfer", r#"{"amount": 5}"#)).await;
         assert_eq!(small.decision, open, "{mode:?}");
@@ -146,7 +151,13 @@ async fn each_decision_is_an_event_naming_the_rule() {
                 "auto",
                 "tool-policy".to_owned()
             ),
-            ("search".to_owned(), "allow", None, "auto", "tool-policy".to_owned()),
+            (
+                "search".to_owned(),
+                "allow",
+                None,
+                "auto",
+                "tool-policy".to_owned()
+            ),
         ]
     );
 }
@@ -177,7 +188,10 @@ async fn threads_keep_their_standing_approvals() {
     // A run that came with its own set: what it gained reaches the thread
     // when it ends.
     let own = StickyApprovals::new();
-    let third = RunContext::builder().thread_id("v").state(own.clone()).build();
+    let third = RunContext::builder()
+        .thread_id("v")
+        .state(own.clone())
+        .build();
     policy.before_agent(&third, start).run().await;
     own.remember(crate::types::StickyApproval {
         tool: "refund".into(),

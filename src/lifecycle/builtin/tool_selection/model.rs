@@ -36,7 +36,8 @@ list.";
 ///
 /// ```
 /// use tower_agent::lifecycle::builtin::tool_selection::{ModelToolSelector, ToolSelectionMiddleware};
-/// use tower_agent::{box_model, ScriptedModel, ScriptedTurn};
+/// use tower_agent::service::box_model;
+/// use tower_agent::{ScriptedModel, ScriptedTurn};
 ///
 /// let cheap = ScriptedModel::new([ScriptedTurn::text(r#"{"tools": ["search"]}"#)]);
 /// let selection = ToolSelectionMiddleware::new(
@@ -227,17 +228,15 @@ mod tests {
             )
             .unwrap();
         assert_eq!(picked, ["tool_3", "tool_1"]);
-        assert_eq!(
-            selector.parse(r#"["tool_4"]"#, &tools).unwrap(),
-            ["tool_4"]
-        );
+        assert_eq!(selector.parse(r#"["tool_4"]"#, &tools).unwrap(), ["tool_4"]);
         assert!(selector.parse("I cannot say", &tools).is_err());
     }
 
     #[tokio::test]
     async fn asks_with_the_listing_and_records_usage_under_its_name() {
-        let cheap = ScriptedModel::new([ScriptedTurn::text(r#"{"tools": ["tool_1"]}"#)
-            .usage(crate::Usage::new(30, 4))]);
+        let cheap = ScriptedModel::new([
+            ScriptedTurn::text(r#"{"tools": ["tool_1"]}"#).usage(crate::Usage::new(30, 4))
+        ]);
         let selector = ModelToolSelector::new(box_model(cheap.clone())).model_name("small");
         let ctx = RunContext::new();
         let history = History::from(vec![Message::user("do one")]);
@@ -245,15 +244,27 @@ mod tests {
         assert_eq!(picked, ["tool_1"]);
         let asked = &cheap.requests()[0];
         assert_eq!(asked.model.as_str(), "small");
-        assert!(asked.messages.first().unwrap().text().contains("- tool_2: does 2"));
+        assert!(asked
+            .messages
+            .first()
+            .unwrap()
+            .text()
+            .contains("- tool_2: does 2"));
         assert_eq!(asked.messages.last().unwrap().text(), "do one");
-        assert_eq!(ctx.usage(), crate::Usage::default(), "not the run's own call");
+        assert_eq!(
+            ctx.usage(),
+            crate::Usage::default(),
+            "not the run's own call"
+        );
         assert_eq!(ctx.total_usage(), crate::Usage::new(30, 4));
         let entries = ctx.usage_entries();
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].agent.as_deref(), Some("tool-selector"));
         // No user message: every tool, and no model call.
-        let none = selector.select(&ctx, &History::new(), &tools(2)).await.unwrap();
+        let none = selector
+            .select(&ctx, &History::new(), &tools(2))
+            .await
+            .unwrap();
         assert_eq!(none, ["tool_0", "tool_1"]);
         assert_eq!(cheap.requests().len(), 1);
     }

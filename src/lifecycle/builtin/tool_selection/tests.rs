@@ -42,8 +42,9 @@ async fn refusal(mw: &ToolSelectionMiddleware, ctx: &RunContext, tool: &str) -> 
 
 #[tokio::test]
 async fn offers_the_selection_in_the_agents_order_plus_what_must_be_offered() {
-    let mw = ToolSelectionMiddleware::from_fn(|_, _, _| vec!["t5".into(), "t1".into(), "nope".into()])
-        .always_include(["t7"]);
+    let mw =
+        ToolSelectionMiddleware::from_fn(|_, _, _| vec!["t5".into(), "t1".into(), "nope".into()])
+            .always_include(["t7"]);
     let ctx = RunContext::new();
     let mut forced = call(&ctx, 10);
     forced.request.settings.tool_choice = Some(ToolChoice::tool("t3"));
@@ -62,7 +63,10 @@ async fn offers_the_selection_in_the_agents_order_plus_what_must_be_offered() {
 async fn from_state_reads_the_active_tools() {
     let mw = ToolSelectionMiddleware::from_state();
     let ctx = RunContext::new();
-    assert_eq!(mw.narrow(call(&ctx, 3)).await.unwrap().request.tools.len(), 3);
+    assert_eq!(
+        mw.narrow(call(&ctx, 3)).await.unwrap().request.tools.len(),
+        3
+    );
     ctx.insert_state(ActiveTools::new(["t2"]));
     assert_eq!(names(&mw.narrow(call(&ctx, 3)).await.unwrap()), ["t2"]);
     ctx.insert_state(ActiveTools::new(Vec::<String>::new()));
@@ -70,7 +74,10 @@ async fn from_state_reads_the_active_tools() {
     required.request.settings.tool_choice = Some(ToolChoice::Required);
     let none = mw.narrow(required).await.unwrap();
     assert!(none.request.tools.is_empty());
-    assert_eq!(none.request.settings.tool_choice, None, "no tools, no choice");
+    assert_eq!(
+        none.request.settings.tool_choice, None,
+        "no tools, no choice"
+    );
     assert!(refusal(&mw, &ctx, "t0")
         .await
         .unwrap()
@@ -81,7 +88,15 @@ async fn from_state_reads_the_active_tools() {
 async fn a_failing_selector_offers_everything_unless_fail_closed() {
     let ctx = RunContext::new();
     let open = ToolSelectionMiddleware::new(Failing);
-    assert_eq!(open.narrow(call(&ctx, 4)).await.unwrap().request.tools.len(), 4);
+    assert_eq!(
+        open.narrow(call(&ctx, 4))
+            .await
+            .unwrap()
+            .request
+            .tools
+            .len(),
+        4
+    );
     let closed = ToolSelectionMiddleware::new(Failing).fail_closed();
     let err = closed.narrow(call(&ctx, 4)).await.unwrap_err();
     assert_eq!(err.to_string(), "selector down");
