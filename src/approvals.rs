@@ -1,18 +1,4 @@
-//! [`StickyApprovals`]: the standing approvals of a run ("always allow this
-//! tool", "always allow these arguments").
-//!
-//! An [`ApprovalDecision`](crate::types::ApprovalDecision) whose
-//! [`scope`](crate::types::ApprovalDecision::scope) is not `Once` (from a
-//! person at resume, from the agent's approver or from a `decide_approval`
-//! hook) leaves a [`StickyApproval`] behind. From then on the run approves a
-//! call it covers without asking anyone, whether the call asks (a rule, a
-//! permission mode, the tool's own setting) or is deferred. A standing
-//! approval never overrides a deny.
-//!
-//! The approvals live in the root run's state, so nested runs share them; a
-//! paused run's [`Checkpoint`](crate::types::Checkpoint) carries them, so
-//! they survive pause and resume in another process. The tool policy
-//! middleware keeps them per thread as well, for the next runs of it.
+//! [`StickyApprovals`]: the standing approvals of a run.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -20,8 +6,21 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use crate::context::RunContext;
 use crate::types::{StickyApproval, ToolCall};
 
-/// The standing approvals of a run tree: a shared handle in the root run's
-/// state. See the [module docs](self).
+/// The standing approvals of a run tree ("always allow this tool", "always
+/// allow these arguments"): a shared handle in the root run's state.
+///
+/// An [`ApprovalDecision`](crate::types::ApprovalDecision) whose
+/// [`scope`](crate::types::ApprovalDecision::scope) is not `Once` (from a
+/// person at resume, from the agent's approver or from a `decide_approval`
+/// hook) leaves a [`StickyApproval`] behind. From then on the run approves a
+/// call it covers without asking anyone, whether the call asks (a rule, a
+/// permission mode, the tool's own setting) or is deferred. A standing
+/// approval never overrides a deny.
+///
+/// The approvals live in the root run's state, so nested runs share them; a
+/// paused run's [`Checkpoint`](crate::types::Checkpoint) carries them, so
+/// they survive pause and resume in another process. The tool policy
+/// middleware keeps them per thread as well, for the next runs of it.
 ///
 /// ```
 /// use tower_agent::hooks::StickyApprovals;

@@ -1,45 +1,4 @@
-//! [`PolicyConfig`]: a tool policy's mode and rules as data, read from JSON
-//! or TOML (feature `toml`); and [`PolicyError`].
-//!
-//! ```
-//! use tower_agent::lifecycle::builtin::policy::{PermissionMode, PolicyConfig};
-//!
-//! let config = PolicyConfig::from_json(r#"{
-//!     "mode": "default",
-//!     "rules": [
-//!         {"name": "large-transfers", "action": "deny", "tool": "transfer",
-//!          "when": [{"pointer": "/amount", "gt": 1000}],
-//!          "reason": "transfers above 1000 go through a person"},
-//!         {"action": "ask", "tool": "mcp__github__*"},
-//!         {"action": "allow", "read_only": true}
-//!     ]
-//! }"#).unwrap();
-//! assert_eq!(config.mode, PermissionMode::Default);
-//! assert_eq!(config.rules.len(), 3);
-//! let policy = config.build().unwrap();
-//! # let _ = policy;
-//! ```
-//!
-//! The same in TOML:
-//!
-//! ```toml
-//! mode = "default"
-//!
-//! [[rules]]
-//! name = "large-transfers"
-//! action = "deny"
-//! tool = "transfer"
-//! when = [{ pointer = "/amount", gt = 1000 }]
-//! reason = "transfers above 1000 go through a person"
-//!
-//! [[rules]]
-//! action = "ask"
-//! tool = "mcp__github__*"
-//!
-//! [[rules]]
-//! action = "allow"
-//! read_only = true
-//! ```
+//! [`PolicyConfig`]: a tool policy as data, and [`PolicyError`].
 
 use std::path::{Path, PathBuf};
 
@@ -80,8 +39,49 @@ pub enum PolicyError {
     },
 }
 
-/// A tool policy as data: its permission mode and its rules, in order.
-/// Unknown fields are refused. See the [module docs](self).
+/// A tool policy as data: its permission mode and its rules, in order, read
+/// from JSON or TOML (feature `toml`). Unknown fields are refused.
+///
+///
+/// ```
+/// use tower_agent::lifecycle::builtin::policy::{PermissionMode, PolicyConfig};
+///
+/// let config = PolicyConfig::from_json(r#"{
+///     "mode": "default",
+///     "rules": [
+///         {"name": "large-transfers", "action": "deny", "tool": "transfer",
+///          "when": [{"pointer": "/amount", "gt": 1000}],
+///          "reason": "transfers above 1000 go through a person"},
+///         {"action": "ask", "tool": "mcp__github__*"},
+///         {"action": "allow", "read_only": true}
+///     ]
+/// }"#).unwrap();
+/// assert_eq!(config.mode, PermissionMode::Default);
+/// assert_eq!(config.rules.len(), 3);
+/// let policy = config.build().unwrap();
+/// # let _ = policy;
+/// ```
+///
+/// The same in TOML:
+///
+/// ```toml
+/// mode = "default"
+///
+/// [[rules]]
+/// name = "large-transfers"
+/// action = "deny"
+/// tool = "transfer"
+/// when = [{ pointer = "/amount", gt = 1000 }]
+/// reason = "transfers above 1000 go through a person"
+///
+/// [[rules]]
+/// action = "ask"
+/// tool = "mcp__github__*"
+///
+/// [[rules]]
+/// action = "allow"
+/// read_only = true
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {

@@ -314,7 +314,7 @@ impl Middleware for ToolSelectionMiddleware {
         let Some(offered) = ctx.state::<Offered>() else {
             return Hook::skip();
         };
-        if offered.by != self.name || offered.names.iter().any(|n| *n == call.name) {
+        if offered.by != self.name || offered.names.contains(&call.name) {
             return Hook::skip();
         }
         let listed = if offered.names.is_empty() {
