@@ -110,10 +110,12 @@ pub enum AgentEvent {
         run_id: Arc<str>,
         /// The call's id.
         call_id: String,
-        /// `allow`, `deny`, `ask`, `defer`, `approved`, `declined`, or
-        /// `rewrite` when a `before_tool` hook changed the arguments.
+        /// `allow`, `deny`, `ask`, `ask_unless_allowed`, `defer`,
+        /// `approved`, `declined`, or `rewrite` when a `before_tool` hook
+        /// changed the arguments.
         decision: &'static str,
-        /// The middleware, `approver`, `resume` or `policy`.
+        /// The middleware, `approver`, `resume`, `sticky` (a standing
+        /// approval), `agent` or `nobody`.
         decided_by: String,
     },
     /// A tool policy decided a call: by the rule that matched it, or by the
