@@ -110,11 +110,31 @@ pub enum AgentEvent {
         run_id: Arc<str>,
         /// The call's id.
         call_id: String,
-        /// `allow`, `deny`, `ask`, `defer`, `approved`, `declined`, or
-        /// `rewrite` when a `before_tool` hook changed the arguments.
+        /// `allow`, `deny`, `ask`, `ask_unless_allowed`, `defer`,
+        /// `approved`, `declined`, or `rewrite` when a `before_tool` hook
+        /// changed the arguments.
         decision: &'static str,
-        /// The middleware, `approver`, `resume` or `policy`.
+        /// The middleware, `approver`, `resume`, `sticky` (a standing
+        /// approval), `agent` or `nobody`.
         decided_by: String,
+    },
+    /// A tool policy decided a call: by the rule that matched it, or by the
+    /// run's permission mode when none did.
+    PermissionDecision {
+        /// The run.
+        run_id: Arc<str>,
+        /// The call's id.
+        call_id: String,
+        /// The tool called.
+        tool: String,
+        /// `allow`, `ask`, `deny`, `ask_unless_allowed` or `continue`.
+        decision: &'static str,
+        /// The rule that decided; `None` when the mode did.
+        rule: Option<String>,
+        /// The run's permission mode: `default`, `ask`, `auto` or `dont_ask`.
+        mode: &'static str,
+        /// The policy (the middleware's name).
+        policy: String,
     },
     /// A middleware hook started.
     MiddlewareStarted {

@@ -26,6 +26,7 @@ use std::task::{Context, Poll};
 use futures::future::BoxFuture;
 use serde_json::Value;
 
+pub use crate::approvals::StickyApprovals;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::request::{
@@ -104,7 +105,12 @@ pub enum ToolDecision {
     /// No opinion: the tool's own settings decide.
     #[default]
     Continue,
-    /// Run it without asking, even if the tool asks for approval.
+    /// Ask for approval unless another `before_tool` verdict allows the
+    /// call: what a permission mode asks. An [`Allow`](Self::Allow) skips
+    /// it; an [`Ask`](Self::Ask), a defer or a deny is stronger.
+    AskUnlessAllowed,
+    /// Run it without asking, even if the tool asks for approval or a
+    /// permission mode would ([`AskUnlessAllowed`](Self::AskUnlessAllowed)).
     Allow,
     /// Ask for approval even if the tool would not.
     Ask,
@@ -118,10 +124,11 @@ pub enum ToolDecision {
 }
 
 impl ToolDecision {
-    /// `continue`, `allow`, `ask`, `defer` or `deny`.
+    /// `continue`, `ask_unless_allowed`, `allow`, `ask`, `defer` or `deny`.
     pub fn as_str(&self) -> &'static str {
         match self {
             ToolDecision::Continue => "continue",
+            ToolDecision::AskUnlessAllowed => "ask_unless_allowed",
             ToolDecision::Allow => "allow",
             ToolDecision::Ask => "ask",
             ToolDecision::Defer => "defer",

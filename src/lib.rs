@@ -4,6 +4,8 @@
 #[macro_use]
 mod macros;
 
+mod approvals;
+
 pub mod context;
 pub mod error;
 pub mod event;

@@ -19,11 +19,19 @@ use tower_agent::{
     ScriptedModel, ScriptedTurn, ToolInvocation, ToolOutput, ToolRouter,
 };
 
-const DECISIONS: [&str; 5] = ["continue", "allow", "ask", "defer", "deny"];
+const DECISIONS: [&str; 6] = [
+    "continue",
+    "ask_unless_allowed",
+    "allow",
+    "ask",
+    "defer",
+    "deny",
+];
 
 fn decision(name: &str, reason: &str) -> ToolDecision {
     match name {
         "continue" => ToolDecision::Continue,
+        "ask_unless_allowed" => ToolDecision::AskUnlessAllowed,
         "allow" => ToolDecision::Allow,
         "ask" => ToolDecision::Ask,
         "defer" => ToolDecision::Defer,
@@ -55,7 +63,8 @@ fn the_merge_table_holds_for_every_pair() {
                     decided_by: Some("later".into()),
                 };
                 let merged = merge_verdicts(earlier.clone(), later.clone());
-                // deny > defer > ask > allow > continue; a tie keeps the earlier.
+                // deny > defer > ask > allow > ask-unless-allowed > continue; a
+                // tie keeps the earlier.
                 let winner = if j > i { &later } else { &earlier };
                 assert_eq!(merged.decision, winner.decision, "{a} then {b}");
                 assert_eq!(merged.decided_by, winner.decided_by, "{a} then {b}");
@@ -212,7 +221,8 @@ async fn every_triple_of_verdicts_decides_the_call_as_merged() {
                             let checkpoint = run.checkpoint().expect("paused");
                             assert_eq!(checkpoint.pending.len(), 1, "{label}");
                         }
-                        "ask" => {
+                        // Asked either way: nothing here allows it.
+                        "ask" | "ask_unless_allowed" => {
                             assert_eq!(
                                 tool_result(&run),
                                 "The call was declined: the person said no",

@@ -307,6 +307,7 @@ async fn a_run_paused_here_is_resumed_by_exactly_one_other_process() {
         counters: Counters::default(),
         output_attempts: 0,
         handoff: None,
+        approvals: Vec::new(),
     };
     store.put(checkpoint).await.unwrap();
     let workers: Vec<Child> = (0..3)

@@ -157,14 +157,20 @@
 //!
 //! # Tool verdicts and approvals
 //!
-//! Of several `before_tool` verdicts, deny > defer > ask > allow > continue
+//! Of several `before_tool` verdicts, deny > defer > ask > allow >
+//! ask-unless-allowed > continue
 //! ([`merge_verdicts`]); each middleware sees the arguments the ones before
 //! it rewrote, and the last rewrite counts. A call that asks is decided by
 //! the `decide_approval` hooks, then the agent's approver; if nobody decides
 //! it is declined. A deferred call pauses the run into a serializable
 //! checkpoint; `RunRequest::resume(checkpoint, decisions)` continues it,
-//! asking `before_tool` again with `resumed == true`. Every decision is
-//! logged as a `ToolDecision` event naming who decided.
+//! asking `before_tool` again with `resumed == true`. A decision with an
+//! `always` scope stands for the later calls it covers: they are approved
+//! without asking, and the checkpoint carries it
+//! ([`StickyApprovals`](crate::hooks::StickyApprovals)). Every decision is
+//! logged as a `ToolDecision` event naming who decided. The built-in
+//! [`ToolPolicyMiddleware`](builtin::policy::ToolPolicyMiddleware) decides
+//! by rules and a permission mode on this machinery.
 
 mod attribute;
 pub mod builtin;

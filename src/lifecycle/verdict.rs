@@ -2,21 +2,25 @@
 
 use crate::hooks::{ToolDecision, ToolVerdict};
 
-/// How strong a decision is: deny > defer > ask > allow > continue.
+/// How strong a decision is: deny > defer > ask > allow >
+/// ask-unless-allowed > continue.
 pub fn decision_rank(decision: &ToolDecision) -> u8 {
     match decision {
         ToolDecision::Continue => 0,
-        ToolDecision::Allow => 1,
-        ToolDecision::Ask => 2,
-        ToolDecision::Defer => 3,
-        ToolDecision::Deny { .. } => 4,
+        ToolDecision::AskUnlessAllowed => 1,
+        ToolDecision::Allow => 2,
+        ToolDecision::Ask => 3,
+        ToolDecision::Defer => 4,
+        ToolDecision::Deny { .. } => 5,
     }
 }
 
 /// Merges the verdict of a middleware (`later`) into the verdict of those
 /// registered before it (`earlier`).
 ///
-/// - The stronger decision wins: deny > defer > ask > allow > continue. Of
+/// - The stronger decision wins: deny > defer > ask > allow >
+///   ask-unless-allowed > continue (so an allow skips what a permission
+///   mode asks, never what a rule or a hook asks). Of
 ///   two equally strong ones, the earlier stays (the first deny's reason is
 ///   the one the model reads), with who made it.
 /// - Rewrites chain: `later` was asked with `earlier`'s arguments, so its

@@ -21,6 +21,9 @@ pub struct ToolDef {
     pub idempotent: bool,
     /// Whether each call needs approval.
     pub requires_approval: bool,
+    /// Whether it only reads (changes nothing): a tool policy's rules can
+    /// match on it.
+    pub read_only: bool,
     /// The service.
     pub service: BoxTool,
 }
@@ -37,7 +40,17 @@ impl ToolDef {
             spec,
             idempotent: false,
             requires_approval: false,
+            read_only: false,
             service: box_tool(service),
+        }
+    }
+
+    /// What it declares of itself.
+    pub fn traits(&self) -> ToolTraits {
+        ToolTraits {
+            idempotent: self.idempotent,
+            requires_approval: self.requires_approval,
+            read_only: self.read_only,
         }
     }
 
@@ -52,6 +65,72 @@ impl ToolDef {
         self.requires_approval = true;
         self
     }
+
+    /// Marks it read-only: it changes nothing.
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
+    }
+}
+
+/// What a tool declares of itself: see [`ToolDef`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ToolTraits {
+    /// Calling it twice is safe.
+    pub idempotent: bool,
+    /// Each call needs approval.
+    pub requires_approval: bool,
+    /// It only reads.
+    pub read_only: bool,
+}
+
+/// The traits of an agent's tools, by name. In a run with hooks, the run's
+/// state holds its agent's table, so a middleware can ask what a called tool
+/// declares.
+///
+/// ```
+/// use tower_agent::service::{RunTools, ToolTraits};
+/// use tower_agent::RunContext;
+///
+/// let ctx = RunContext::new();
+/// assert!(RunTools::of(&ctx).is_none(), "set by the agent, in a run with hooks");
+/// let tools = RunTools::from_iter([("read".to_owned(), ToolTraits { read_only: true, ..ToolTraits::default() })]);
+/// ctx.insert_state(tools);
+/// assert!(RunTools::of(&ctx).unwrap().get("read").unwrap().read_only);
+/// ```
+///
+/// # Clone
+///
+/// Cheap: the table is shared.
+#[derive(Debug, Clone, Default)]
+pub struct RunTools(Arc<HashMap<String, ToolTraits>>);
+
+impl RunTools {
+    /// The table in `ctx`'s run state, if any.
+    pub fn of(ctx: &crate::context::RunContext) -> Option<RunTools> {
+        ctx.state::<RunTools>()
+    }
+
+    /// The traits of the tool `name`.
+    pub fn get(&self, name: &str) -> Option<&ToolTraits> {
+        self.0.get(name)
+    }
+
+    /// The number of tools.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it has no tools.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromIterator<(String, ToolTraits)> for RunTools {
+    fn from_iter<I: IntoIterator<Item = (String, ToolTraits)>>(iter: I) -> Self {
+        RunTools(Arc::new(iter.into_iter().collect()))
+    }
 }
 
 impl fmt::Debug for ToolDef {
@@ -60,20 +139,23 @@ impl fmt::Debug for ToolDef {
             .field("name", &self.spec.name)
             .field("idempotent", &self.idempotent)
             .field("requires_approval", &self.requires_approval)
+            .field("read_only", &self.read_only)
             .finish_non_exhaustive()
     }
 }
 
 impl From<FnTool> for ToolDef {
     fn from(tool: FnTool) -> Self {
-        let (spec, idempotent, requires_approval) = (
+        let (spec, idempotent, requires_approval, read_only) = (
             ToolSpec::clone(&tool.spec),
             tool.idempotent,
             tool.requires_approval,
+            tool.read_only,
         );
         Self {
             idempotent,
             requires_approval,
+            read_only,
             ..ToolDef::new(spec, tool)
         }
     }

@@ -39,6 +39,7 @@ pub struct FnTool {
     pub(crate) spec: Arc<ToolSpec>,
     pub(crate) idempotent: bool,
     pub(crate) requires_approval: bool,
+    pub(crate) read_only: bool,
     handler: Handler,
 }
 
@@ -48,6 +49,7 @@ impl fmt::Debug for FnTool {
             .field("name", &self.spec.name)
             .field("idempotent", &self.idempotent)
             .field("requires_approval", &self.requires_approval)
+            .field("read_only", &self.read_only)
             .finish_non_exhaustive()
     }
 }
@@ -84,6 +86,7 @@ impl FnTool {
             spec: Arc::new(ToolSpec::new(name, description, parameters_schema::<A>())),
             idempotent: false,
             requires_approval: false,
+            read_only: false,
             handler,
         }
     }
@@ -97,6 +100,13 @@ impl FnTool {
     /// Marks the tool as needing approval before each call.
     pub fn requires_approval(mut self) -> Self {
         self.requires_approval = true;
+        self
+    }
+
+    /// Marks the tool read-only: it changes nothing. A tool policy's rules
+    /// can match on it.
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
         self
     }
 

@@ -14,7 +14,7 @@
 //! #     Checkpoint { agent: "billing".into(), run_id: "run-1".into(), thread_id: None,
 //! #         messages: vec![], completed: vec![], pending: vec![], iteration: 1,
 //! #         usage: Usage::default(), usage_total: Usage::default(), counters: Counters::default(),
-//! #         output_attempts: 0, handoff: None }
+//! #         output_attempts: 0, handoff: None, approvals: vec![] }
 //! # }
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -246,6 +246,7 @@ mod tests {
             counters: Counters::default(),
             output_attempts: 0,
             handoff: None,
+            approvals: Vec::new(),
         }
     }
 

@@ -30,11 +30,11 @@ pub use history::{History, Iter as HistoryIter};
 pub use message::{ContentPart, ImageUrl, Message, MessageContent, Role, ToolCall};
 pub use model::{
     FinishReason, JsonSchemaFormat, ModelDelta, ModelRequest, ModelResponse, ModelSettings,
-    ResponseFormat, ToolSpec,
+    ResponseFormat, ToolChoice, ToolSpec,
 };
 pub use model_name::ModelName;
 pub use run::{
-    arguments_hash, AgentRun, ApprovalDecision, Checkpoint, Counters, PendingCall, RunStatus,
-    StopReason,
+    arguments_hash, AgentRun, ApprovalDecision, ApprovalScope, Checkpoint, Counters, PendingCall,
+    RunStatus, StickyApproval, StopReason,
 };
 pub use usage::Usage;

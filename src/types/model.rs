@@ -86,6 +86,50 @@ pub struct ModelSettings {
     /// Whether the model may call several tools in one turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
+    /// Whether, and which, tools the model must call. `None` leaves the
+    /// provider's default (`auto` when tools are offered). Sent only with
+    /// tools: a request without tools carries no choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+}
+
+/// Whether, and which, tools the model must call in a turn: what
+/// [`ModelSettings::tool_choice`] sends as OpenAI's `tool_choice` and
+/// Anthropic's `tool_choice`.
+///
+/// ```
+/// use tower_agent::types::ToolChoice;
+///
+/// let forced: ToolChoice = serde_json::from_str(r#"{"tool": "search"}"#).unwrap();
+/// assert_eq!(forced, ToolChoice::tool("search"));
+/// assert_eq!(serde_json::to_string(&ToolChoice::Required).unwrap(), r#""required""#);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides whether to call tools.
+    Auto,
+    /// The model must not call tools (it still sees them).
+    None,
+    /// The model must call at least one tool.
+    Required,
+    /// The model must call this tool.
+    Tool(String),
+}
+
+impl ToolChoice {
+    /// The model must call the tool `name`.
+    pub fn tool(name: impl Into<String>) -> Self {
+        ToolChoice::Tool(name.into())
+    }
+
+    /// The tool a [`ToolChoice::Tool`] names.
+    pub fn tool_name(&self) -> Option<&str> {
+        match self {
+            ToolChoice::Tool(name) => Some(name),
+            _ => None,
+        }
+    }
 }
 
 /// What one model call is asked: the model, the messages, the tools and the

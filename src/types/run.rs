@@ -126,6 +126,10 @@ pub struct Checkpoint {
     /// turn's calls have their results.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff: Option<String>,
+    /// The standing approvals a person gave ("always allow this tool",
+    /// "always allow these arguments"), kept for the rest of the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<StickyApproval>,
 }
 
 /// A tool call that waits for a decision.
@@ -151,6 +155,75 @@ pub struct ApprovalDecision {
     pub approved: bool,
     /// Why, for a decline; the model reads it.
     pub reason: Option<String>,
+    /// How long an approval stands: this call only (the default), or from
+    /// now on for the tool or for these arguments. A decline is never
+    /// remembered.
+    #[serde(default, skip_serializing_if = "ApprovalScope::is_once")]
+    pub scope: ApprovalScope,
+}
+
+/// How long an approval stands: see [`ApprovalDecision::scope`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalScope {
+    /// This call only.
+    #[default]
+    Once,
+    /// Every later call of the tool in the run and its thread ("always
+    /// allow this tool").
+    Tool,
+    /// Every later call of the tool with the same arguments (by
+    /// [`arguments_hash`]) in the run and its thread ("always allow these
+    /// arguments").
+    Arguments,
+}
+
+impl ApprovalScope {
+    /// Whether it is [`ApprovalScope::Once`].
+    pub fn is_once(&self) -> bool {
+        matches!(self, ApprovalScope::Once)
+    }
+}
+
+/// A standing approval: calls of `tool` (with arguments of
+/// `arguments_hash`, when set) are approved without asking. Made from an
+/// [`ApprovalDecision`] whose [`scope`](ApprovalDecision::scope) is not
+/// `Once`; see [`StickyApprovals`](crate::hooks::StickyApprovals).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StickyApproval {
+    /// The tool it approves.
+    pub tool: String,
+    /// [`arguments_hash`] of the arguments it approves; `None`: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments_hash: Option<String>,
+}
+
+impl StickyApproval {
+    /// What `decision`, made for `call`, leaves standing: `None` for a
+    /// decline or a decision for this call only.
+    pub fn from_decision(call: &ToolCall, decision: &ApprovalDecision) -> Option<Self> {
+        if !decision.approved {
+            return None;
+        }
+        let arguments_hash = match decision.scope {
+            ApprovalScope::Once => return None,
+            ApprovalScope::Tool => None,
+            ApprovalScope::Arguments => Some(arguments_hash(&call.arguments)),
+        };
+        Some(Self {
+            tool: call.name.clone(),
+            arguments_hash,
+        })
+    }
+
+    /// Whether it approves `call`.
+    pub fn covers(&self, call: &ToolCall) -> bool {
+        self.tool == call.name
+            && self
+                .arguments_hash
+                .as_ref()
+                .is_none_or(|hash| *hash == arguments_hash(&call.arguments))
+    }
 }
 
 impl ApprovalDecision {
@@ -161,7 +234,22 @@ impl ApprovalDecision {
             arguments_hash: Some(arguments_hash(&call.arguments)),
             approved: true,
             reason: None,
+            scope: ApprovalScope::Once,
         }
+    }
+
+    /// Makes an approval stand for every later call of the tool, in the run
+    /// and its thread: "always allow this tool".
+    pub fn always(mut self) -> Self {
+        self.scope = ApprovalScope::Tool;
+        self
+    }
+
+    /// Makes an approval stand for every later call of the tool with the
+    /// same arguments: "always allow these arguments".
+    pub fn always_for_arguments(mut self) -> Self {
+        self.scope = ApprovalScope::Arguments;
+        self
     }
 
     /// Declines the call `call` with a reason the model reads.
@@ -171,6 +259,7 @@ impl ApprovalDecision {
             arguments_hash: Some(arguments_hash(&call.arguments)),
             approved: false,
             reason: Some(reason.into()),
+            scope: ApprovalScope::Once,
         }
     }
 }
@@ -197,5 +286,30 @@ mod tests {
         );
         assert_ne!(arguments_hash(r#"{"a":1}"#), arguments_hash(r#"{"a":2}"#));
         assert_eq!(arguments_hash("not json").len(), 64);
+    }
+
+    #[test]
+    fn standing_approvals_bind_to_the_tool_or_the_arguments() {
+        let call = ToolCall::new("c1", "pay", r#"{"id": 1}"#);
+        let other_args = ToolCall::new("c2", "pay", r#"{"id": 2}"#);
+        let other_tool = ToolCall::new("c3", "refund", r#"{"id": 1}"#);
+        let once = ApprovalDecision::approve(&call);
+        assert_eq!(StickyApproval::from_decision(&call, &once), None);
+        let declined = ApprovalDecision::decline(&call, "no").always();
+        assert_eq!(StickyApproval::from_decision(&call, &declined), None);
+
+        let tool = StickyApproval::from_decision(&call, &once.clone().always()).unwrap();
+        assert!(tool.covers(&call) && tool.covers(&other_args) && !tool.covers(&other_tool));
+        let args = StickyApproval::from_decision(&call, &once.always_for_arguments()).unwrap();
+        assert!(args.covers(&ToolCall::new("c9", "pay", r#"{ "id": 1 }"#)));
+        assert!(!args.covers(&other_args) && !args.covers(&other_tool));
+
+        // The scope is left out of the JSON of a one-off decision, and read back.
+        let json = serde_json::to_value(ApprovalDecision::approve(&call).always()).unwrap();
+        assert_eq!(json["scope"], "tool");
+        let back: ApprovalDecision = serde_json::from_value(json).unwrap();
+        assert_eq!(back.scope, ApprovalScope::Tool);
+        let once = serde_json::to_value(ApprovalDecision::approve(&call)).unwrap();
+        assert!(once.get("scope").is_none());
     }
 }

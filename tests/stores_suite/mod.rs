@@ -302,6 +302,7 @@ pub(crate) fn checkpoint(run_id: &str, iteration: u32) -> Checkpoint {
         counters: Counters::default(),
         output_attempts: 0,
         handoff: None,
+        approvals: Vec::new(),
     }
 }
 

@@ -1,5 +1,6 @@
-//! Built-in middleware, as seed 000 lists them: message trimming, context
-//! compression, a prompt-cache guard and usage accounting.
+//! Built-in middleware: message trimming, context compression, a
+//! prompt-cache guard, usage accounting, call limits ([`limits`]), the tool
+//! policy ([`policy`]) and per-turn tool selection ([`tool_selection`]).
 //!
 //! Place built-ins nearest the model with
 //! [`LifecycleLayer::builtins`](crate::LifecycleLayer::builtins), or anywhere
@@ -38,6 +39,8 @@ mod compression;
 pub mod guards;
 pub mod limits;
 pub mod memory;
+pub mod policy;
+pub mod tool_selection;
 mod trim;
 mod usage;
 

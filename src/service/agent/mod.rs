@@ -12,7 +12,6 @@ mod run;
 mod state;
 mod tools;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -25,7 +24,7 @@ use serde_json::Value;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceExt};
 
-use super::{box_model, box_tool, BoxModel, BoxTool, ToolDef, ToolRouter};
+use super::{box_model, box_tool, BoxModel, BoxTool, RunTools, ToolDef, ToolRouter};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::hooks::AgentMiddleware;
@@ -46,11 +45,7 @@ pub(crate) use output::OutputSchema;
 pub type Approver =
     dyn Fn(ToolCall, RunContext) -> BoxFuture<'static, Option<ApprovalDecision>> + Send + Sync;
 
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct ToolFlags {
-    pub(crate) idempotent: bool,
-    pub(crate) requires_approval: bool,
-}
+pub(crate) type ToolFlags = super::ToolTraits;
 
 pub(crate) struct Config {
     pub(crate) name: Arc<str>,
@@ -59,7 +54,7 @@ pub(crate) struct Config {
     pub(crate) model_name: ModelName,
     pub(crate) tools: BoxTool,
     pub(crate) specs: Arc<[ToolSpec]>,
-    pub(crate) flags: HashMap<String, ToolFlags>,
+    pub(crate) flags: RunTools,
     pub(crate) max_turns: u32,
     pub(crate) parallel_tool_calls: bool,
     pub(crate) settings: ModelSettings,
@@ -487,16 +482,7 @@ impl AgentBuilder {
         };
         let flags = specs
             .iter()
-            .filter_map(|s| {
-                let def = self.tools.get(&s.name)?;
-                Some((
-                    s.name.clone(),
-                    ToolFlags {
-                        idempotent: def.idempotent,
-                        requires_approval: def.requires_approval,
-                    },
-                ))
-            })
+            .filter_map(|s| Some((s.name.clone(), self.tools.get(&s.name)?.traits())))
             .collect();
         let router = box_tool(self.tools);
         let tools = match self.tool_stack {

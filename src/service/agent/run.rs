@@ -12,7 +12,7 @@ use super::state::{classify, race, Run};
 use super::tools::Step;
 use super::Config;
 use crate::error::AgentError;
-use crate::hooks::{installed, RunOutcome, RunStart};
+use crate::hooks::{installed, RunOutcome, RunStart, StickyApprovals};
 use crate::request::{DeltaSink, ModelCall, RunInput, RunRequest};
 use crate::types::{
     AgentRun, Checkpoint, History, Message, ModelDelta, ModelRequest, ModelResponse, Role,
@@ -55,6 +55,10 @@ async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, A
     // The run's own: nested runs and model calls do not see it.
     let inbox = extensions.remove::<Inbox>();
     let hooks = installed(&ctx);
+    if hooks.is_some() {
+        // What the hooks may ask of a tool: its declared traits.
+        ctx.insert_state(config.flags.clone());
+    }
     let has_history = !history.is_empty();
     let resumed = matches!(input, RunInput::Resume { .. });
     let mut run = Run::new(config, ctx, hooks, stream, extensions);
@@ -144,6 +148,9 @@ impl Run {
         self.ctx
             .seed_usage(checkpoint.usage, checkpoint.usage_total);
         self.ctx.set_iteration(checkpoint.iteration);
+        if !checkpoint.approvals.is_empty() {
+            StickyApprovals::of(&self.ctx).extend(checkpoint.approvals.iter().cloned());
+        }
         Ok(())
     }
 

@@ -12,7 +12,7 @@ use super::inbox::Inbox;
 use super::Config;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, TimeoutSource};
-use crate::hooks::HookPort;
+use crate::hooks::{HookPort, StickyApprovals};
 use crate::request::DeltaSink;
 use crate::types::{AgentRun, Checkpoint, Counters, History, Message, PendingCall, RunStatus};
 
@@ -94,6 +94,9 @@ impl Run {
             counters: self.counters,
             output_attempts: self.output_attempts,
             handoff: self.decided_target(),
+            approvals: StickyApprovals::find(&self.ctx)
+                .map(|s| s.to_vec())
+                .unwrap_or_default(),
         }
     }
 

@@ -12,9 +12,13 @@ use super::state::{classify, race, Run};
 use super::ToolFlags;
 use crate::error::{attribute_tripwire, panic_message, AgentError};
 use crate::event::AgentEvent;
-use crate::hooks::{HookFuture, Notification, ToolCallResult, ToolDecision, ToolVerdict};
+use crate::hooks::{
+    HookFuture, Notification, StickyApprovals, ToolCallResult, ToolDecision, ToolVerdict,
+};
 use crate::request::{tool_failure, ToolInvocation, ToolOutput};
-use crate::types::{arguments_hash, ApprovalDecision, Checkpoint, Message, PendingCall, ToolCall};
+use crate::types::{
+    arguments_hash, ApprovalDecision, Checkpoint, Message, PendingCall, StickyApproval, ToolCall,
+};
 
 /// How a step ended.
 pub(super) enum Step {
@@ -192,6 +196,7 @@ impl Run {
             }
             (_, Some(decision)) if resumed => self.apply(&call, &decision, "resume")?,
             (ToolDecision::Allow, _) => Approval::NotAsked,
+            (ToolDecision::Defer, _) if self.standing(&call) => Approval::Approved,
             (ToolDecision::Defer, _) => {
                 return Ok(Outcome::Deferred(PendingCall {
                     index,
@@ -199,7 +204,7 @@ impl Run {
                     call,
                 }));
             }
-            (ToolDecision::Ask, _) => self.ask(&call).await?,
+            (ToolDecision::Ask | ToolDecision::AskUnlessAllowed, _) => self.ask(&call).await?,
             (ToolDecision::Continue, _) if flags.requires_approval => self.ask(&call).await?,
             (ToolDecision::Continue, _) => Approval::NotAsked,
         };
@@ -297,6 +302,9 @@ impl Run {
     /// nobody does, it is declined.
     async fn ask(&self, call: &ToolCall) -> Result<Approval, AgentError> {
         let ctx = &self.ctx;
+        if self.standing(call) {
+            return Ok(Approval::Approved);
+        }
         if let Some(hooks) = &self.hooks {
             if let Some(verdict) = hooks.decide_approval(ctx, call).await.map_err(classify)? {
                 let by = verdict.decided_by.as_deref().unwrap_or("hook");
@@ -341,6 +349,9 @@ impl Run {
         }
         if decision.approved {
             self.log_decision(call, "approved", by);
+            if let Some(standing) = StickyApproval::from_decision(call, decision) {
+                StickyApprovals::of(&self.ctx).remember(standing);
+            }
             Ok(Approval::Approved)
         } else {
             self.log_decision(call, "declined", by);
@@ -351,6 +362,16 @@ impl Run {
                     .unwrap_or_else(|| "no reason given".into()),
             ))
         }
+    }
+
+    /// Whether a standing approval ("always allow") covers the call; logged
+    /// as approved by `sticky` when one does.
+    fn standing(&self, call: &ToolCall) -> bool {
+        let covered = StickyApprovals::find(&self.ctx).is_some_and(|s| s.covers(call));
+        if covered {
+            self.log_decision(call, "approved", "sticky");
+        }
+        covered
     }
 
     fn log_decision(&self, call: &ToolCall, decision: &'static str, by: &str) {

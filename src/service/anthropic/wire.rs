@@ -7,8 +7,8 @@ use serde_json::{Map, Value};
 
 use crate::service::http::{response, tokens};
 use crate::types::{
-    ContentPart, FinishReason, MessageContent, ModelRequest, ModelResponse, ResponseFormat, Role,
-    ToolCall, ToolSpec, Usage,
+    ContentPart, FinishReason, MessageContent, ModelRequest, ModelResponse, ModelSettings,
+    ResponseFormat, Role, ToolCall, ToolChoice, ToolSpec, Usage,
 };
 
 /// The request body.
@@ -237,8 +237,9 @@ impl<'a> MessagesRequest<'a> {
             Some(ResponseFormat::Text) | None => {}
         }
         let tools: Vec<WireTool<'a>> = request.tools.iter().map(WireTool::from).collect();
-        let tool_choice = (settings.parallel_tool_calls == Some(false) && !tools.is_empty())
-            .then(|| serde_json::json!({"type": "auto", "disable_parallel_tool_use": true}));
+        let tool_choice = (!tools.is_empty())
+            .then(|| wire_tool_choice(settings))
+            .flatten();
         Self {
             model,
             max_tokens: settings.max_tokens.unwrap_or(default_max_tokens),
@@ -298,6 +299,25 @@ impl<'a> MessagesRequest<'a> {
         }
         max.min(MAX_CACHE_BREAKPOINTS) - left
     }
+}
+
+/// Anthropic's `tool_choice`: `auto`, `any`, `tool` (with its name) or
+/// `none`, with `disable_parallel_tool_use` when parallel calls are off.
+/// `None` when neither is set.
+fn wire_tool_choice(settings: &ModelSettings) -> Option<Value> {
+    let serial = settings.parallel_tool_calls == Some(false);
+    let mut choice = match &settings.tool_choice {
+        None if !serial => return None,
+        None | Some(ToolChoice::Auto) => serde_json::json!({"type": "auto"}),
+        // `none` takes no `disable_parallel_tool_use`: no call is made.
+        Some(ToolChoice::None) => return Some(serde_json::json!({"type": "none"})),
+        Some(ToolChoice::Required) => serde_json::json!({"type": "any"}),
+        Some(ToolChoice::Tool(name)) => serde_json::json!({"type": "tool", "name": name}),
+    };
+    if serial {
+        choice["disable_parallel_tool_use"] = Value::Bool(true);
+    }
+    Some(choice)
 }
 
 impl<'a> From<&'a ToolSpec> for WireTool<'a> {
@@ -476,6 +496,7 @@ mod tests {
             stop: vec!["END".into()],
             response_format: Some(ResponseFormat::json_schema("a", json!({"type": "object"}))),
             parallel_tool_calls: Some(false),
+            tool_choice: None,
         };
         let body = MessagesRequest::new(&request, "claude-test", 1024, true);
         assert_eq!(
@@ -504,6 +525,36 @@ mod tests {
                 "stream": true
             })
         );
+    }
+
+    #[test]
+    fn writes_each_tool_choice() {
+        let mut request = ModelRequest::new("m", vec![crate::types::Message::user("hi")]);
+        request.settings.tool_choice = Some(ToolChoice::Required);
+        let body = MessagesRequest::new(&request, "m", 16, false);
+        assert!(
+            serde_json::to_value(&body)
+                .unwrap()
+                .get("tool_choice")
+                .is_none(),
+            "no tools, no choice"
+        );
+        request.tools = vec![ToolSpec::new("weather", "", json!({"type": "object"}))].into();
+        for (choice, serial, wire) in [
+            (ToolChoice::Auto, false, json!({"type": "auto"})),
+            (ToolChoice::None, true, json!({"type": "none"})),
+            (ToolChoice::Required, false, json!({"type": "any"})),
+            (
+                ToolChoice::tool("weather"),
+                true,
+                json!({"type": "tool", "name": "weather", "disable_parallel_tool_use": true}),
+            ),
+        ] {
+            request.settings.tool_choice = Some(choice);
+            request.settings.parallel_tool_calls = Some(!serial);
+            let body = MessagesRequest::new(&request, "m", 16, false);
+            assert_eq!(serde_json::to_value(&body).unwrap()["tool_choice"], wire);
+        }
     }
 
     #[test]

@@ -5,7 +5,8 @@ use serde_json::Value;
 
 use crate::service::http::{response, tokens};
 use crate::types::{
-    FinishReason, History, ModelRequest, ModelResponse, ResponseFormat, ToolCall, ToolSpec, Usage,
+    FinishReason, History, ModelRequest, ModelResponse, ResponseFormat, ToolCall, ToolChoice,
+    ToolSpec, Usage,
 };
 
 /// Which field carries `max_tokens`.
@@ -38,6 +39,8 @@ pub(crate) struct ChatRequest<'a> {
     response_format: Option<&'a ResponseFormat>,
     #[serde(skip_serializing_if = "Option::is_none")]
     parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -88,6 +91,12 @@ impl<'a> ChatRequest<'a> {
             messages: &request.messages,
             // OpenAI refuses `parallel_tool_calls` without tools.
             parallel_tool_calls: settings.parallel_tool_calls.filter(|_| !tools.is_empty()),
+            // Nor `tool_choice`.
+            tool_choice: settings
+                .tool_choice
+                .as_ref()
+                .filter(|_| !tools.is_empty())
+                .map(wire_tool_choice),
             tools,
             temperature: settings.temperature,
             max_tokens,
@@ -99,6 +108,18 @@ impl<'a> ChatRequest<'a> {
                 include_usage: true,
             }),
             prompt_cache_key: None,
+        }
+    }
+}
+
+/// OpenAI's `tool_choice`: a mode, or the function the model must call.
+fn wire_tool_choice(choice: &ToolChoice) -> Value {
+    match choice {
+        ToolChoice::Auto => Value::from("auto"),
+        ToolChoice::None => Value::from("none"),
+        ToolChoice::Required => Value::from("required"),
+        ToolChoice::Tool(name) => {
+            serde_json::json!({"type": "function", "function": {"name": name}})
         }
     }
 }
@@ -306,6 +327,7 @@ mod tests {
                 json!({"type": "object"}),
             )),
             parallel_tool_calls: Some(false),
+            tool_choice: Some(ToolChoice::tool("weather")),
         };
         request
     }
@@ -333,6 +355,7 @@ mod tests {
                 "response_format": {"type": "json_schema", "json_schema": {"name": "answer",
                     "schema": {"type": "object"}, "strict": true}},
                 "parallel_tool_calls": false,
+                "tool_choice": {"type": "function", "function": {"name": "weather"}},
                 "stream": true,
                 "stream_options": {"include_usage": true}
             })
@@ -340,9 +363,24 @@ mod tests {
     }
 
     #[test]
+    fn writes_each_tool_choice() {
+        let mut request = request();
+        for (choice, wire) in [
+            (ToolChoice::Auto, json!("auto")),
+            (ToolChoice::None, json!("none")),
+            (ToolChoice::Required, json!("required")),
+        ] {
+            request.settings.tool_choice = Some(choice);
+            let body = ChatRequest::new(&request, "m", false, true, MaxTokensField::MaxTokens);
+            assert_eq!(serde_json::to_value(&body).unwrap()["tool_choice"], wire);
+        }
+    }
+
+    #[test]
     fn leaves_out_what_is_not_set() {
         let mut request = ModelRequest::new("", vec![Message::user("hi")]);
         request.settings.parallel_tool_calls = Some(true);
+        request.settings.tool_choice = Some(ToolChoice::Required);
         request.settings.max_tokens = Some(10);
         let body = ChatRequest::new(
             &request,
