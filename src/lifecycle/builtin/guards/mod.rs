@@ -67,23 +67,33 @@
 //! # Ok(()) }
 //! ```
 
+mod adapters;
 mod decode;
 mod detector;
 mod families;
+mod guard;
+mod guardrails;
 mod heuristic;
 mod injection;
+mod judge;
 mod markup;
 mod matcher;
 mod model;
 mod normalize;
+mod output;
+mod parallel;
 mod spotlight;
 pub mod stream;
 mod streaming;
 
+pub use adapters::{DetectorGuard, PiiGuard};
 pub use detector::{Detection, Evidence, Family, InjectionDetector, View};
+pub use guard::{guard_fn, FnGuard, Guard, GuardTarget, RegexGuard, WithFailPolicy};
+pub use guardrails::{GuardrailsMiddleware, OutputWindow};
 pub use heuristic::HeuristicDetector;
 pub use injection::{InjectionGuardMiddleware, InjectionMode};
+pub use judge::JudgeGuard;
 pub use model::ModelDetector;
 pub use spotlight::Spotlight;
-pub use stream::{guard_text, Blocked, GuardVerdict, Released, StreamGuard};
+pub use stream::{guard_text, Blocked, GuardVerdict, Released, Segmenter, StreamGuard};
 pub use streaming::StreamingOutputGuard;
