@@ -242,7 +242,9 @@ mod tests {
             strict.check(&ctx, GuardTarget::Input, text).await.unwrap(),
             GuardVerdict::Block { .. }
         ));
-        let lax = DetectorGuard::heuristic().threshold(1.0).threshold(f32::NAN);
+        let lax = DetectorGuard::heuristic()
+            .threshold(1.0)
+            .threshold(f32::NAN);
         let benign = lax.check(&ctx, GuardTarget::Input, "Plan a trip.").await;
         assert_eq!(benign.unwrap(), GuardVerdict::Pass);
     }

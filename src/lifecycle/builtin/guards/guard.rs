@@ -356,7 +356,13 @@ mod tests {
         assert_eq!(seen, GuardVerdict::Rewrite("fetch".into()));
         assert_eq!(g.fail_policy(), FailPolicy::Closed);
         let open = g.fail_open();
-        assert_eq!((open.name(), open.fail_policy()), ("tools-only", FailPolicy::Open));
-        assert_eq!(GuardTarget::ToolArguments { tool: "t" }.as_str(), "tool_arguments");
+        assert_eq!(
+            (open.name(), open.fail_policy()),
+            ("tools-only", FailPolicy::Open)
+        );
+        assert_eq!(
+            GuardTarget::ToolArguments { tool: "t" }.as_str(),
+            "tool_arguments"
+        );
     }
 }

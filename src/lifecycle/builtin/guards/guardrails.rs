@@ -343,9 +343,7 @@ impl GuardrailsMiddleware {
 
     fn segments(&self) -> Option<usize> {
         match self.config.window {
-            OutputWindow::Segments { max_hold } if !self.config.output.is_empty() => {
-                Some(max_hold)
-            }
+            OutputWindow::Segments { max_hold } if !self.config.output.is_empty() => Some(max_hold),
             _ => None,
         }
     }
@@ -376,7 +374,10 @@ impl Middleware for GuardrailsMiddleware {
         }
         Hook::new(async move {
             let text = input.text().into_owned();
-            match config.check(ctx, &config.input, GuardTarget::Input, &text).await {
+            match config
+                .check(ctx, &config.input, GuardTarget::Input, &text)
+                .await
+            {
                 Ok(None) => {}
                 Ok(Some(rewritten)) => input.set_text(rewritten),
                 Err(stop) => return Err(stop.into_error(GuardTarget::Input, None)),
@@ -429,7 +430,10 @@ impl Middleware for GuardrailsMiddleware {
             if text.is_empty() {
                 return Ok(());
             }
-            match config.check(ctx, &config.output, GuardTarget::Output, &text).await {
+            match config
+                .check(ctx, &config.output, GuardTarget::Output, &text)
+                .await
+            {
                 Ok(None) => Ok(()),
                 Ok(Some(rewritten)) => {
                     response.message.set_text(rewritten);
@@ -479,7 +483,10 @@ impl Middleware for GuardrailsMiddleware {
         }
         Hook::new(async move {
             let target = GuardTarget::ToolResult { tool: &call.name };
-            match config.check(ctx, &config.tool_results, target, &output.content).await {
+            match config
+                .check(ctx, &config.tool_results, target, &output.content)
+                .await
+            {
                 Ok(None) => Ok(()),
                 Ok(Some(rewritten)) => {
                     output.content = rewritten;

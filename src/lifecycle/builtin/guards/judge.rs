@@ -97,7 +97,9 @@ impl JudgeGuard {
         let what = match target {
             GuardTarget::Input => "a user's message to an assistant".to_owned(),
             GuardTarget::Output => "an assistant's answer (or a part of it)".to_owned(),
-            GuardTarget::ToolArguments { tool } => format!("the arguments of a call of tool `{tool}`"),
+            GuardTarget::ToolArguments { tool } => {
+                format!("the arguments of a call of tool `{tool}`")
+            }
             GuardTarget::ToolResult { tool } => format!("what tool `{tool}` answered"),
         };
         let system = INSTRUCTIONS
@@ -105,7 +107,10 @@ impl JudgeGuard {
             .replace("{target}", &what);
         ModelRequest::new(
             self.model_name.clone(),
-            vec![Message::system(system), Message::user(Spotlight::new().wrap(text))],
+            vec![
+                Message::system(system),
+                Message::user(Spotlight::new().wrap(text)),
+            ],
         )
     }
 }
@@ -159,7 +164,8 @@ impl Guard for JudgeGuard {
         text: &'a str,
     ) -> BoxFuture<'a, Result<GuardVerdict, BoxError>> {
         Box::pin(async move {
-            let answer = call_judge(&self.model, ctx, &self.name, self.request(target, text)).await?;
+            let answer =
+                call_judge(&self.model, ctx, &self.name, self.request(target, text)).await?;
             parse(&answer)
         })
     }
