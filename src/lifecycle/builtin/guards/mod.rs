@@ -85,6 +85,7 @@ mod parallel;
 mod spotlight;
 pub mod stream;
 mod streaming;
+mod untrusted;
 
 pub use adapters::{DetectorGuard, PiiGuard};
 pub use detector::{Detection, Evidence, Family, InjectionDetector, View};
