@@ -83,6 +83,7 @@
 //! ```
 
 mod adapters;
+mod checks;
 mod decode;
 mod detector;
 mod families;

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
 
+use super::checks::Config;
 use super::guard::GuardTarget;
-use super::guardrails::Config;
 use super::stream::Segmenter;
 use crate::error::BoxError;
 use crate::lifecycle::ModelNext;

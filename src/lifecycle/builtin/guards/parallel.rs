@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 
+use super::checks::{Config, Stop};
 use super::guard::GuardTarget;
-use super::guardrails::{Config, Stop};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::request::{DeltaSink, ModelCall};
