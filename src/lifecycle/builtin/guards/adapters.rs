@@ -35,8 +35,8 @@ use crate::layers::pii::{PiiConfig, PiiEngine, Strategy};
 /// let v = guard.check(&ctx, GuardTarget::Output, "Mail ann@example.com.").await.unwrap();
 /// assert_eq!(v, GuardVerdict::Rewrite("Mail [REDACTED_EMAIL].".into()));
 ///
-/// let keys = PiiGuard::with_config(PiiConfig::new().strategy(PiiKind::ApiKey, Strategy::Block));
-/// let v = keys.check(&ctx, GuardTarget::Input, "key sk-abcdefghijklmnopqrstuvwx").await.unwrap();
+/// let mails = PiiGuard::with_config(PiiConfig::new().strategy(PiiKind::Email, Strategy::Block));
+/// let v = mails.check(&ctx, GuardTarget::Input, "Write to ann@example.com").await.unwrap();
 /// assert!(matches!(v, GuardVerdict::Block { .. }));
 /// # }
 /// ```

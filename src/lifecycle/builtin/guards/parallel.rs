@@ -113,13 +113,15 @@ pub(crate) async fn race(
     let mut check = check;
     let mut answer = pin!(answer);
     let mut answered = None;
+    // The call is polled first, so it is under way before the check can
+    // answer.
     let verdict = tokio::select! {
         biased;
-        verdict = &mut check => verdict,
         result = &mut answer => {
             answered = Some(result);
             check.await
         }
+        verdict = &mut check => verdict,
     };
     match verdict {
         Ok(None) => {
