@@ -150,3 +150,69 @@ mod full_run {
         }
     }
 }
+
+/// The same guarantee through `GuardrailsMiddleware`, whose output guards
+/// are async and checked while the model streams on.
+mod guardrails_run {
+    use std::sync::{Arc, Mutex};
+
+    use proptest::prelude::*;
+    use tower_agent::lifecycle::builtin::guards::{
+        guard_fn, guard_text, GuardrailsMiddleware, OutputWindow,
+    };
+    use tower_agent::types::ModelDelta;
+    use tower_agent::{Agent, AgentError, DeltaSink, RunRequest, ScriptedModel, ScriptedTurn};
+
+    fn streamed_run(text: &str, chunk: usize, hold: usize) -> (Result<String, AgentError>, String) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let seen = Arc::new(Mutex::new(String::new()));
+            let sink_seen = seen.clone();
+            let sink = DeltaSink::new(move |d| {
+                if let ModelDelta::Text { text } = d {
+                    sink_seen.lock().unwrap().push_str(text);
+                }
+            });
+            let model = ScriptedModel::new([ScriptedTurn::text(text).chunk_chars(chunk)]);
+            let guards = GuardrailsMiddleware::new()
+                .output(guard_fn("g", |_, _, seg| super::check(seg)))
+                .output_window(OutputWindow::Segments { max_hold: hold });
+            let agent = Agent::builder("a")
+                .model(model)
+                .middleware(guards)
+                .build()
+                .unwrap();
+            let run = agent.run_with(RunRequest::new("q").stream(sink)).await;
+            let seen = seen.lock().unwrap().clone();
+            (run.map(|r| r.output), seen)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn a_guarded_run_sends_exactly_the_guarded_text(
+            text in super::text().prop_filter("an answer", |t| !t.is_empty()),
+            chunk in 1usize..12,
+            hold in 1usize..40,
+        ) {
+            let (run, seen) = streamed_run(&text, chunk, hold);
+            match (guard_text(&text, hold, super::check), run) {
+                (Ok(full), Ok(output)) => {
+                    prop_assert_eq!(&seen, &full);
+                    prop_assert_eq!(output, full);
+                }
+                (Err((released, blocked)), Err(err)) => {
+                    prop_assert_eq!(seen, released);
+                    let tripped = matches!(&err, AgentError::Tripwire { middleware, info: Some(info), .. }
+                        if middleware == "guardrails" && info["guard"] == "g" && info["released_bytes"] == blocked.at);
+                    prop_assert!(tripped, "{:?}", err);
+                }
+                (e, r) => prop_assert!(false, "guarded {:?}, run {:?}", e, r),
+            }
+        }
+    }
+}

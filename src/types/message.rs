@@ -45,6 +45,12 @@ pub struct Message {
     /// An optional participant name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// Marked by a middleware as coming from an untrusted source (a
+    /// retrieved document, an e-mail): a guard that scans untrusted messages
+    /// reads it (the injection guard's `untrusted_messages`). Kept in the
+    /// process only: never sent to a provider, nor serialized.
+    #[serde(skip)]
+    pub untrusted: bool,
 }
 
 impl Message {
@@ -55,6 +61,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            untrusted: false,
         }
     }
 
@@ -81,6 +88,7 @@ impl Message {
             tool_calls,
             tool_call_id: None,
             name: None,
+            untrusted: false,
         }
     }
 
@@ -111,6 +119,20 @@ impl Message {
                 }
             }
         }
+    }
+
+    /// This message, marked as coming from an untrusted source: see
+    /// [`untrusted`](Self::untrusted).
+    ///
+    /// ```
+    /// use tower_agent::Message;
+    ///
+    /// let page = Message::user("<retrieved page>").mark_untrusted();
+    /// assert!(page.untrusted && !Message::user("hi").untrusted);
+    /// ```
+    pub fn mark_untrusted(mut self) -> Self {
+        self.untrusted = true;
+        self
     }
 
     /// Replaces the content with plain text.

@@ -160,14 +160,16 @@ impl Matcher {
     /// Calls `found(pattern, span)` with the first match of each pattern
     /// that matches `text`.
     pub(crate) fn find(&self, text: &str, mut found: impl FnMut(usize, Range<usize>)) {
-        let mut done = vec![false; self.patterns.len()];
+        // Which patterns already matched: a bitset on the stack for the
+        // built-in table, no allocation per text.
+        let mut done = Done::new(self.patterns.len());
         // Per pattern, the windows its anchors open, merged as they come
         // (anchors arrive in order of their end). A prefix anchor is tried
         // at once, anchored where it starts: most fail within bytes.
         let mut windows: Vec<(usize, Range<usize>)> = Vec::new();
         for m in self.anchors.find_overlapping_iter(text) {
             for &(p, side) in &self.owners[m.pattern().as_usize()] {
-                if done[p] {
+                if done.get(p) {
                     continue;
                 }
                 let reach = self.patterns[p].reach;
@@ -181,7 +183,7 @@ impl Matcher {
                             .range(m.start()..end)
                             .anchored(Anchored::Yes);
                         if let Some(found_at) = self.patterns[p].regex.search(&input) {
-                            done[p] = true;
+                            done.set(p);
                             found(p, found_at.range());
                         }
                         continue;
@@ -199,7 +201,7 @@ impl Matcher {
             }
         }
         for (p, w) in windows {
-            if done[p] {
+            if done.get(p) {
                 continue;
             }
             let end = floor_char_boundary(text, w.end);
@@ -208,7 +210,7 @@ impl Matcher {
                 .regex
                 .search(&Input::new(text).range(start..end))
             {
-                done[p] = true;
+                done.set(p);
                 found(p, m.range());
             }
         }
@@ -220,6 +222,36 @@ impl Matcher {
             if let Some(m) = self.patterns[p].regex.find(text) {
                 found(p, m.range());
             }
+        }
+    }
+}
+
+/// A set of pattern indexes: inline up to 256 patterns, on the heap beyond.
+enum Done {
+    Inline([u64; 4]),
+    Heap(Vec<bool>),
+}
+
+impl Done {
+    fn new(len: usize) -> Self {
+        if len <= 256 {
+            Done::Inline([0; 4])
+        } else {
+            Done::Heap(vec![false; len])
+        }
+    }
+
+    fn get(&self, i: usize) -> bool {
+        match self {
+            Done::Inline(bits) => bits[i / 64] & (1 << (i % 64)) != 0,
+            Done::Heap(v) => v[i],
+        }
+    }
+
+    fn set(&mut self, i: usize) {
+        match self {
+            Done::Inline(bits) => bits[i / 64] |= 1 << (i % 64),
+            Done::Heap(v) => v[i] = true,
         }
     }
 }

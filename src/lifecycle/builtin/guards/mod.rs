@@ -1,5 +1,17 @@
-//! Guards: the prompt-injection guard, and the streaming output guard
-//! ([`StreamingOutputGuard`], over the [`StreamGuard`] release window).
+//! Guards: the prompt-injection guard, guardrails on a run's input, output
+//! and tools, and the streaming output guard ([`StreamingOutputGuard`], over
+//! the [`StreamGuard`] release window).
+//!
+//! [`GuardrailsMiddleware`] runs [`Guard`]s (pass, block with a reason and
+//! details, or rewrite) on the run's input (`before_run`, or beside the
+//! first model call with
+//! [`run_in_parallel`](GuardrailsMiddleware::run_in_parallel)), on the
+//! model's answer as it streams (released segment by segment as checked),
+//! and on tool arguments and results; each guard fails open or closed.
+//! Guards ship for a closure ([`guard_fn`]), a regex ([`RegexGuard`]), the
+//! PII engine ([`PiiGuard`]), an injection detector ([`DetectorGuard`]) and
+//! a model judge ([`JudgeGuard`], its usage counted under its name). See
+//! [`GuardrailsMiddleware`] for an example.
 //!
 //! [`InjectionGuardMiddleware`] scores the run's input (`before_run`) and,
 //! the indirect path, every tool result (`after_tool`) with an
@@ -8,7 +20,10 @@
 //! evidence in `info`), flags (an `injection_flagged` event and a system
 //! note that the content is untrusted data) or spotlights (the text
 //! wrapped in delimiters it cannot forge, with datamarking) — see
-//! [`InjectionMode`]. It fails closed unless told
+//! [`InjectionMode`]. With
+//! [`untrusted_messages`](InjectionGuardMiddleware::untrusted_messages) it
+//! also checks every message a middleware marked
+//! [`untrusted`](crate::types::Message::untrusted). It fails closed unless told
 //! [`fail_open`](InjectionGuardMiddleware::fail_open).
 //!
 //! Two detectors ship:
@@ -67,23 +82,35 @@
 //! # Ok(()) }
 //! ```
 
+mod adapters;
+mod checks;
 mod decode;
 mod detector;
 mod families;
+mod guard;
+mod guardrails;
 mod heuristic;
 mod injection;
+mod judge;
 mod markup;
 mod matcher;
 mod model;
 mod normalize;
+mod output;
+mod parallel;
 mod spotlight;
 pub mod stream;
 mod streaming;
+mod untrusted;
 
+pub use adapters::{DetectorGuard, PiiGuard};
 pub use detector::{Detection, Evidence, Family, InjectionDetector, View};
+pub use guard::{guard_fn, FnGuard, Guard, GuardTarget, RegexGuard, WithFailPolicy};
+pub use guardrails::{GuardrailsMiddleware, OutputWindow};
 pub use heuristic::HeuristicDetector;
 pub use injection::{InjectionGuardMiddleware, InjectionMode};
+pub use judge::JudgeGuard;
 pub use model::ModelDetector;
 pub use spotlight::Spotlight;
-pub use stream::{guard_text, Blocked, GuardVerdict, Released, StreamGuard};
+pub use stream::{guard_text, Blocked, GuardVerdict, Released, Segmenter, StreamGuard};
 pub use streaming::StreamingOutputGuard;

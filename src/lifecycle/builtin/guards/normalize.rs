@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use unicode_normalization::UnicodeNormalization;
+use unicode_normalization::{IsNormalized, UnicodeNormalization};
 use unicode_security::confusable_detection::skeleton;
 
 /// A text after normalisation, with what was changed on the way.
@@ -50,6 +50,17 @@ fn fold_confusable(c: char) -> Option<char> {
 /// Normalises `text`: an ASCII text comes back borrowed, unchanged.
 pub(crate) fn normalize(text: &str) -> Normalized<'_> {
     if text.is_ascii() {
+        return Normalized {
+            text: Cow::Borrowed(text),
+            invisible: 0,
+            confusables: 0,
+        };
+    }
+    // Most non-ASCII text (accented letters, CJK) is already NFKC and has
+    // nothing to remove or fold: borrow it, as the loop below would return it.
+    if !text.chars().any(|c| is_invisible(c) || may_fold(c))
+        && unicode_normalization::is_nfkc_quick(text.chars()) == IsNormalized::Yes
+    {
         return Normalized {
             text: Cow::Borrowed(text),
             invisible: 0,
@@ -174,7 +185,11 @@ mod tests {
 
     #[test]
     fn accents_and_cjk_are_kept() {
-        assert_eq!(normalize("précédentes 忽略").text, "précédentes 忽略");
+        assert!(matches!(
+            normalize("précédentes 忽略").text,
+            Cow::Borrowed("précédentes 忽略")
+        ));
+        assert_eq!(normalize("pre\u{301}ce\u{301}dentes").text, "précédentes");
     }
 
     #[test]

@@ -114,12 +114,68 @@ pub fn guard_text(
     }
 }
 
+/// Cuts a streamed text into the segments a [`StreamGuard`] checks, at the
+/// same cuts for any chunking (see the [module docs](self)). For a guard
+/// whose check is async: push chunks, take each complete segment, check
+/// it, release it.
+///
+/// ```
+/// use tower_agent::lifecycle::builtin::guards::stream::Segmenter;
+///
+/// let mut s = Segmenter::new(1024);
+/// s.push("One. Tw");
+/// assert_eq!(s.next_segment(false).as_deref(), Some("One."));
+/// assert_eq!(s.next_segment(false), None);
+/// s.push("o");
+/// assert_eq!(s.next_segment(true).as_deref(), Some(" Two"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Segmenter {
+    max_hold: usize,
+    pending: String,
+}
+
+impl Segmenter {
+    /// Segments of at most `max_hold` bytes (at least 1).
+    pub fn new(max_hold: usize) -> Self {
+        Self {
+            max_hold: max_hold.max(1),
+            pending: String::new(),
+        }
+    }
+
+    /// Takes a chunk of the text.
+    pub fn push(&mut self, chunk: &str) {
+        self.pending.push_str(chunk);
+    }
+
+    /// The next complete segment, if there is one; `complete`: no more
+    /// text follows, so what is held is a segment too.
+    pub fn next_segment(&mut self, complete: bool) -> Option<String> {
+        let cut = match next_cut(&self.pending, self.max_hold, complete) {
+            Some(cut) => cut,
+            None if complete && !self.pending.is_empty() => self.pending.len(),
+            None => return None,
+        };
+        Some(self.pending.drain(..cut).collect())
+    }
+
+    /// What is held back, not cut yet.
+    pub fn held(&self) -> &str {
+        &self.pending
+    }
+
+    /// Drops what is held.
+    pub fn clear(&mut self) {
+        self.pending.clear();
+    }
+}
+
 /// The streaming output guard's release window; see the [module docs](self).
 #[derive(Debug)]
 pub struct StreamGuard<F> {
     check: F,
-    max_hold: usize,
-    pending: String,
+    segments: Segmenter,
     released: String,
     consumed: usize,
     blocked: Option<Blocked>,
@@ -130,8 +186,7 @@ impl<F: FnMut(&str) -> GuardVerdict> StreamGuard<F> {
     pub fn new(check: F) -> Self {
         Self {
             check,
-            max_hold: DEFAULT_MAX_HOLD,
-            pending: String::new(),
+            segments: Segmenter::new(DEFAULT_MAX_HOLD),
             released: String::new(),
             consumed: 0,
             blocked: None,
@@ -140,7 +195,7 @@ impl<F: FnMut(&str) -> GuardVerdict> StreamGuard<F> {
 
     /// The longest segment, in bytes (at least 1).
     pub fn max_hold(mut self, bytes: usize) -> Self {
-        self.max_hold = bytes.max(1);
+        self.segments.max_hold = bytes.max(1);
         self
     }
 
@@ -151,14 +206,14 @@ impl<F: FnMut(&str) -> GuardVerdict> StreamGuard<F> {
 
     /// What is held back, not yet checked.
     pub fn held(&self) -> &str {
-        &self.pending
+        self.segments.held()
     }
 
     /// Takes a chunk; returns what is now released. After a block, every
     /// call releases nothing and repeats the [`Blocked`].
     pub fn push(&mut self, chunk: &str) -> Released {
         if self.blocked.is_none() {
-            self.pending.push_str(chunk);
+            self.segments.push(chunk);
         }
         self.drain(false)
     }
@@ -176,13 +231,7 @@ impl<F: FnMut(&str) -> GuardVerdict> StreamGuard<F> {
             };
         }
         let mut out = String::new();
-        loop {
-            let cut = match next_cut(&self.pending, self.max_hold, complete) {
-                Some(cut) => cut,
-                None if complete && !self.pending.is_empty() => self.pending.len(),
-                None => break,
-            };
-            let segment: String = self.pending.drain(..cut).collect();
+        while let Some(segment) = self.segments.next_segment(complete) {
             let text = match (self.check)(&segment) {
                 GuardVerdict::Pass => segment.clone(),
                 GuardVerdict::Rewrite(text) => text,
@@ -192,7 +241,7 @@ impl<F: FnMut(&str) -> GuardVerdict> StreamGuard<F> {
                         info,
                         at: self.consumed,
                     };
-                    self.pending.clear();
+                    self.segments.clear();
                     self.blocked = Some(b.clone());
                     return Released {
                         text: out,
