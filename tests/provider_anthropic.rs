@@ -43,10 +43,13 @@ fn agent(claude: AnthropicMessages) -> Agent {
 }
 
 fn claude(url: &str) -> AnthropicMessages {
+    // The wire translation, without prompt-cache breakpoints (on by
+    // default; tests/provider_prompt_cache.rs checks them).
     AnthropicMessages::builder(url)
         .api_key("sk-ant-test")
         .model("claude-sonnet-4-5")
         .max_tokens(512)
+        .prompt_caching(false)
         .build()
         .unwrap()
 }

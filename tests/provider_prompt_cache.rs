@@ -69,7 +69,7 @@ async fn anthropic_breakpoints_follow_the_stable_prefix_turn_by_turn() {
     let claude = AnthropicMessages::builder(&server.url)
         .api_key("sk-ant-test")
         .model("claude-sonnet-4-5")
-        .prompt_caching(true)
+        // Prompt caching is on by default.
         .build()
         .unwrap();
     let agent = Agent::builder("weather")
@@ -138,6 +138,7 @@ async fn anthropic_without_prompt_caching_sends_no_breakpoint() {
     let claude = AnthropicMessages::builder(&server.url)
         .api_key("sk-ant-test")
         .model("claude-sonnet-4-5")
+        .prompt_caching(false)
         .build()
         .unwrap();
     let agent = Agent::builder("weather")

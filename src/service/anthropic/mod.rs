@@ -51,7 +51,8 @@
 //!
 //! # Prompt caching
 //!
-//! With [`prompt_caching(true)`](AnthropicMessagesBuilder::prompt_caching)
+//! By default (turn it off with
+//! [`prompt_caching(false)`](AnthropicMessagesBuilder::prompt_caching))
 //! every request carries `cache_control: {"type": "ephemeral"}`
 //! breakpoints on its stable prefix, at most the API's 4, in this order:
 //!
@@ -75,7 +76,7 @@
 //!
 //! let claude = AnthropicMessages::builder("https://api.anthropic.com")
 //!     .api_key("sk-ant-...")
-//!     .prompt_caching(true)
+//!     .cache_breakpoints(2) // the tools and the system prompt only
 //!     .build()
 //!     .unwrap();
 //! # let _ = claude;
@@ -134,7 +135,7 @@ impl AnthropicMessages {
             version: DEFAULT_VERSION.to_owned(),
             format: AnthropicFormat {
                 max_tokens: 4096,
-                cache_breakpoints: 0,
+                cache_breakpoints: MAX_CACHE_BREAKPOINTS,
             },
         }
     }
@@ -218,8 +219,8 @@ impl AnthropicMessagesBuilder {
         self
     }
 
-    /// Places prompt-cache breakpoints on every request (default off): see
-    /// [Prompt caching](self#prompt-caching).
+    /// Whether every request carries prompt-cache breakpoints (default on):
+    /// see [Prompt caching](self#prompt-caching).
     pub fn prompt_caching(mut self, yes: bool) -> Self {
         self.format.cache_breakpoints = if yes { MAX_CACHE_BREAKPOINTS } else { 0 };
         self
