@@ -20,7 +20,11 @@
 //! For every run: it ends completed, stopped or failed with a code its
 //! faults explain, within its deadline; its events balance and
 //! `after_agent` ran once; its usage ledger is exactly what the mock
-//! reported for the attempts that reached it; its sink never got the text
+//! reported for the attempts that reached it, but for answers the run had
+//! stopped waiting for (at most one per timeout, or one for a run cut short:
+//! a busy machine may read an answer after its call timed out, and the
+//! provider billed it); each successful model call was answered once, by
+//! the mock or the cache; its sink never got the text
 //! of a failed attempt (the sink is always a prefix of the one right text).
 //! Across all runs: every extra attempt was drawn from the one retry budget,
 //! which never gave more than it held.
