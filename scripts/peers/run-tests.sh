@@ -35,7 +35,7 @@ set -a
 source .peers/env
 set +a
 
-suites=(--test provider_openai_mock --test provider_anthropic)
+suites=(--test provider_openai_mock --test provider_anthropic --test chaos)
 [[ -z "$NOT_RUN" ]] && suites+=(--test provider_llama)
 step "provider tests against the peers: ${suites[*]}"
 cargo test --all-features "${suites[@]}" -- --ignored "$@"

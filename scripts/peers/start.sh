@@ -120,10 +120,14 @@ AIMOCK_PORT="$(free_port)"
 log "starting aimock on 127.0.0.1:$AIMOCK_PORT with tests/fixtures/aimock"
 # Strict turnIndex: a fixture for turn N answers only the request with N
 # assistant messages, so a multi-turn conversation cannot loop on turn 0.
+# The journal and the per-test-id sequence counters keep every request of
+# the run (aimock keeps 1,000 and 500 by default): tests/chaos.rs reads
+# back the journal of thousands of runs, each under its own X-Test-Id.
 AIMOCK_STRICT_TURN_INDEX=1 nohup node "$NPM_DIR/node_modules/.bin/llmock" \
   --host 127.0.0.1 --port "$AIMOCK_PORT" \
   --fixtures "$ROOT/tests/fixtures/aimock" \
   --validate-on-load --log-level warn \
+  --journal-max 0 --fixture-counts-max 0 \
   > "$PEERS/aimock.log" 2>&1 < /dev/null &
 AIMOCK_PID=$!
 echo "$AIMOCK_PID" > "$PEERS/aimock.pid"
