@@ -39,6 +39,7 @@ pub mod guards;
 pub mod limits;
 mod trim;
 mod usage;
+mod view;
 
 pub use cache_guard::{CacheLayoutEvent, PromptCacheGuardMiddleware};
 pub use compression::{
