@@ -1,5 +1,7 @@
-//! Built-in middleware, as seed 000 lists them: message trimming, context
-//! compression, a prompt-cache guard and usage accounting.
+//! Built-in middleware: message trimming (by messages, text or tokens),
+//! context compaction (for the thread or one request, summarized by a model
+//! or not), clearing old tool outputs with a recall tool, a dynamic system
+//! prompt, a prompt-cache guard and usage accounting.
 //!
 //! Place built-ins nearest the model with
 //! [`LifecycleLayer::builtins`](crate::LifecycleLayer::builtins), or anywhere
@@ -33,7 +35,10 @@
 //! ```
 
 mod cache_guard;
+mod clear_tool_outputs;
 mod compression;
+mod summarizer;
+mod system_prompt;
 #[cfg(feature = "guards")]
 pub mod guards;
 pub mod limits;
@@ -42,8 +47,12 @@ mod usage;
 mod view;
 
 pub use cache_guard::{CacheLayoutEvent, PromptCacheGuardMiddleware};
+pub use clear_tool_outputs::{ClearToolOutputsMiddleware, RECALL_TOOL};
 pub use compression::{
-    ConcatSummarizer, ContextCompressionMiddleware, SummarizationPolicy, Summarizer, SummaryRecord,
+    CompactionScope, CompactionTrigger, ContextCompressionMiddleware, SummarizationPolicy,
+    SummaryRecord,
 };
+pub use summarizer::{ConcatSummarizer, ModelSummarizer, Summarizer, SUMMARY_PROMPT};
+pub use system_prompt::DynamicSystemPromptMiddleware;
 pub use trim::{trim_messages, MessageTrimMiddleware, TrimStrategy};
 pub use usage::{UsageAccountingMiddleware, UsageTotals};

@@ -108,3 +108,27 @@ impl SystemIndex {
         &self.at[..n]
     }
 }
+
+/// The latest position at or before `want` where `history` can be cut in
+/// two without separating a tool call from its result: no tool result at
+/// or after it answers a call before it. Walks back from the newest
+/// message, so it costs the part after the cut. `0` if there is none.
+pub(crate) fn tool_safe_cut(history: &History, want: usize) -> usize {
+    let n = history.len();
+    let mut pending: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for (k, message) in history.iter().rev().enumerate() {
+        let i = n - 1 - k;
+        if message.role == crate::types::Role::Tool {
+            if let Some(id) = &message.tool_call_id {
+                pending.insert(id.as_str());
+            }
+        }
+        for call in &message.tool_calls {
+            pending.remove(call.id.as_str());
+        }
+        if i <= want && pending.is_empty() && message.role != crate::types::Role::Tool {
+            return i;
+        }
+    }
+    0
+}
