@@ -11,7 +11,7 @@
 //! let model = ScriptedModel::new([
 //!     ScriptedTurn::tool_call("fetch", "{}"),
 //!     ScriptedTurn::text("read it"),
-//!     ScriptedTurn::tool_call(RECALL_TOOL, r#"{"id": "call_1_1"}"#),
+//!     ScriptedTurn::tool_call(RECALL_TOOL, r#"{"id": "call_1"}"#),
 //!     ScriptedTurn::text("done"),
 //! ]);
 //! let tools = ToolRouter::new().tool(tool_sync("fetch", "Fetches a page", |_: serde_json::Value| {
@@ -108,6 +108,7 @@ struct Cleared {
 pub struct ClearToolOutputsMiddleware {
     keep_turns: usize,
     max_len: Option<usize>,
+    at_least: usize,
     id: Arc<()>,
 }
 
@@ -117,6 +118,7 @@ impl ClearToolOutputsMiddleware {
         Self {
             keep_turns: 3,
             max_len: None,
+            at_least: 1,
             id: Arc::new(()),
         }
     }
@@ -130,6 +132,14 @@ impl ClearToolOutputsMiddleware {
     /// Also clears results longer than `bytes`, once the model read them.
     pub fn max_len(mut self, bytes: usize) -> Self {
         self.max_len = Some(bytes);
+        self
+    }
+
+    /// Waits until at least `results` results can be cleared, then clears
+    /// them together (default 1): the cached prefix then moves once per
+    /// batch.
+    pub fn clear_at_least(mut self, results: usize) -> Self {
+        self.at_least = results.max(1);
         self
     }
 
@@ -169,21 +179,30 @@ impl ClearToolOutputsMiddleware {
         let read_until = read_until.unwrap_or(0);
         let mut newly = Vec::new();
         for i in state.aged..aged_until {
-            if input[i].role == Role::Tool {
+            let message = &input[i];
+            if message.role == Role::Tool && !is_cleared(&state, message) {
                 newly.push(i);
             }
         }
         if let Some(max_len) = self.max_len {
             for i in state.sized.max(aged_until)..read_until {
                 let message = &input[i];
-                if message.role == Role::Tool && message.text_len() > max_len {
+                if message.role == Role::Tool
+                    && message.text_len() > max_len
+                    && !is_cleared(&state, message)
+                {
                     newly.push(i);
                 }
             }
-            state.sized = state.sized.max(read_until);
         }
-        state.aged = state.aged.max(aged_until);
-        if !newly.is_empty() {
+        // Below the batch size, nothing is cleared and the same results are
+        // looked at again next turn.
+        let clears = newly.len() >= self.at_least;
+        if clears {
+            state.aged = state.aged.max(aged_until);
+            if self.max_len.is_some() {
+                state.sized = state.sized.max(read_until);
+            }
             let messages = output.to_mut();
             for i in newly {
                 let message = &input[i];
@@ -228,6 +247,14 @@ impl ClearToolOutputsMiddleware {
             )),
         }
     }
+}
+
+/// Whether the result `message` is cleared already.
+fn is_cleared(state: &Cleared, message: &crate::types::Message) -> bool {
+    message
+        .tool_call_id
+        .as_ref()
+        .is_some_and(|id| state.originals.contains_key(id))
 }
 
 /// What a cleared result reads: the call's id, its tool and arguments, and

@@ -62,60 +62,64 @@ impl TrimStrategy {
 ///
 /// `cost(i)` is what message `i` counts, `fixed(i)` what the system
 /// messages before `i` count (they are kept wherever the window starts).
-/// The window always holds the last message and the last user message, and
-/// only starts where no tool result after it answers a call before it.
+/// `pinned` is the last user message and its cost: kept (and counted) when
+/// the window starts after it. The window always holds the last message,
+/// and only starts where no tool result after it answers a call before it.
 /// Among such starts it takes the earliest one whose window fits `target`
 /// (the first legal one if none fits). `0` means everything fits. The walk
 /// stops at the first start that does not fit: it costs the window, not
 /// the thread.
 fn window_start<'m, I>(
     n: usize,
-    newest_first: impl Fn() -> I,
+    newest_first: I,
     cost: impl Fn(usize) -> usize,
     fixed: impl Fn(usize) -> usize,
+    pinned: Option<(usize, usize)>,
     target: usize,
 ) -> usize
 where
     I: Iterator<Item = &'m Message>,
 {
-    let walk = |need_user: bool| {
-        let mut pending: HashSet<&str> = HashSet::new();
-        let mut window = 0;
-        let mut best = None;
-        let mut met = !need_user;
-        for (k, message) in newest_first().enumerate() {
-            let i = n - 1 - k;
-            if message.role == Role::Tool {
-                if let Some(id) = &message.tool_call_id {
-                    pending.insert(id.as_str());
-                }
+    let mut pending: HashSet<&str> = HashSet::new();
+    let mut window = 0;
+    let mut best = None;
+    for (k, message) in newest_first.enumerate() {
+        let i = n - 1 - k;
+        if message.role == Role::Tool {
+            if let Some(id) = &message.tool_call_id {
+                pending.insert(id.as_str());
             }
-            for call in &message.tool_calls {
-                pending.remove(call.id.as_str());
-            }
-            window += cost(i);
-            met |= message.role == Role::User;
-            if !met || !pending.is_empty() || message.role == Role::Tool {
-                continue;
-            }
-            if best.is_some() && window + fixed(i) > target {
-                break;
-            }
-            best = Some(i);
         }
-        best
-    };
-    // Without a user message, the last message is the one that must stay.
-    walk(true).or_else(|| walk(false)).unwrap_or(0)
+        for call in &message.tool_calls {
+            pending.remove(call.id.as_str());
+        }
+        window += cost(i);
+        if !pending.is_empty() || message.role == Role::Tool {
+            continue;
+        }
+        let extra = match pinned {
+            Some((user, tokens)) if user < i => tokens,
+            _ => 0,
+        };
+        if best.is_some() && window + fixed(i) + extra > target {
+            break;
+        }
+        best = Some(i);
+    }
+    best.unwrap_or(0)
 }
 
-/// The system messages before `start`, then every message from it.
+/// The system messages and the last user message before `start`, then
+/// every message from it.
 fn kept(history: &[&Message], start: usize) -> Vec<Message> {
+    let user = history.iter().rposition(|m| m.role == Role::User);
     history[..start]
         .iter()
-        .filter(|m| m.role == Role::System)
-        .chain(&history[start..])
-        .map(|m| (*m).clone())
+        .enumerate()
+        .filter(|(i, m)| m.role == Role::System || Some(*i) == user)
+        .map(|(_, m)| *m)
+        .chain(history[start..].iter().copied())
+        .cloned()
         .collect()
 }
 
@@ -124,7 +128,7 @@ fn kept(history: &[&Message], start: usize) -> Vec<Message> {
 /// with the model's counter.
 ///
 /// The system messages stay wherever they are, and so do the last message
-/// and the last user message. The window never starts inside a tool turn:
+/// and the last user message (counted in the limit). The window never starts inside a tool turn:
 /// it is widened back to the assistant turn that made the calls, so every
 /// tool call keeps its result and no result is left without its call.
 ///
@@ -139,9 +143,12 @@ fn kept(history: &[&Message], start: usize) -> Vec<Message> {
 ///     Message::tool("c1", "found"),
 ///     Message::assistant("two"),
 /// ];
-/// // The last two would start at the tool result, and the last user
-/// // message must stay anyway: nothing can go.
-/// assert!(trim_messages(&messages, TrimStrategy::LastMessages(2)).is_none());
+/// // The last two would start at the tool result, which goes with its
+/// // call; the system prompt and the last user message stay.
+/// let kept = trim_messages(&messages, TrimStrategy::LastMessages(2)).unwrap();
+/// assert_eq!(kept.len(), 3);
+/// assert_eq!(kept[1].text(), "one");
+/// assert_eq!(kept[2].text(), "two");
 /// let more = [messages.clone(), vec![Message::user("three"), Message::assistant("four")]].concat();
 /// let kept = trim_messages(&more, TrimStrategy::LastMessages(2)).unwrap();
 /// assert_eq!(kept.len(), 3);
@@ -159,14 +166,23 @@ pub fn trim_messages(messages: &[Message], strategy: TrimStrategy) -> Option<Vec
             .sum::<usize>()
             + priming(strategy)
     };
+    let pinned = refs
+        .iter()
+        .rposition(|m| m.role == Role::User)
+        .map(|u| (u, cost(u)));
     let start = window_start(
         refs.len(),
-        || refs.iter().rev().copied(),
+        refs.iter().rev().copied(),
         cost,
         fixed,
+        pinned,
         strategy.limit(),
     );
-    let trims = refs[..start].iter().any(|m| m.role != Role::System);
+    let user = pinned.map(|(u, _)| u);
+    let trims = refs[..start]
+        .iter()
+        .enumerate()
+        .any(|(i, m)| m.role != Role::System && Some(i) != user);
     trims.then(|| kept(&refs, start))
 }
 
@@ -199,6 +215,8 @@ struct Cut {
     start: usize,
     prefix: [u8; 16],
     fixed: usize,
+    /// The last user message, when the window starts after it.
+    user: Option<usize>,
     systems: SystemIndex,
     view: View,
 }
@@ -206,7 +224,8 @@ struct Cut {
 /// Keeps the conversation within a [`TrimStrategy`] window.
 ///
 /// The system messages always stay, and so do the last message and the last
-/// user message; a tool call is never separated from its result, and no
+/// user message (in its place, when the window starts after it, as in a
+/// long tool loop); a tool call is never separated from its result, and no
 /// result is left without its call. The run checks the history's integrity
 /// after every edit, as for any `before_model` change.
 ///
@@ -321,6 +340,8 @@ impl MessageTrimMiddleware {
                 return None;
             }
             let systems = cut.systems.before(history, n).to_vec();
+            let user = cut.systems.last_user();
+            let pinned = user.map(|u| (u, cost(u)));
             let fixed = |i: usize| {
                 systems
                     .iter()
@@ -330,14 +351,16 @@ impl MessageTrimMiddleware {
                     + priming(strategy)
             };
             let target = (limit as f64 * self.retain) as usize;
-            let start = window_start(n, || history.iter().rev(), cost, fixed, target);
-            let trims = start > systems.partition_point(|&s| s < start);
+            let start = window_start(n, history.iter().rev(), cost, fixed, pinned, target);
+            let pinned_before = user.is_some_and(|u| u < start);
+            let trims = start > systems.partition_point(|&s| s < start) + usize::from(pinned_before);
             if !trims {
                 return None;
             }
             cut.start = start;
             cut.prefix = history.prefix_digest(start);
-            cut.fixed = fixed(start);
+            cut.fixed = fixed(start) + pinned.filter(|_| pinned_before).map_or(0, |(_, c)| c);
+            cut.user = user.filter(|_| pinned_before);
             cut.view.clear();
             Some(start)
         };
@@ -368,8 +391,12 @@ impl MessageTrimMiddleware {
             cut.view.set(history, &output);
             return Some(output);
         }
-        let systems = cut.systems.before(history, start).to_vec();
-        let mut output: Vec<Message> = systems.iter().map(|&i| history[i].clone()).collect();
+        let mut before = cut.systems.before(history, start).to_vec();
+        if let Some(user) = cut.user {
+            let at = before.partition_point(|&i| i < user);
+            before.insert(at, user);
+        }
+        let mut output: Vec<Message> = before.iter().map(|&i| history[i].clone()).collect();
         output.extend((start..history.len()).map(|i| history[i].clone()));
         let output = History::from(output);
         cut.view.set(history, &output);

@@ -77,7 +77,8 @@ impl View {
     }
 }
 
-/// Where each system message of a run's messages is, found once: the
+/// Where each system message of a run's messages is, and the last user
+/// message, found once: the
 /// messages before `scanned` were looked at, and are still the same while
 /// the prefix digest holds.
 #[derive(Default)]
@@ -85,6 +86,7 @@ pub(crate) struct SystemIndex {
     scanned: usize,
     digest: [u8; 16],
     at: Vec<usize>,
+    last_user: Option<usize>,
 }
 
 impl SystemIndex {
@@ -94,11 +96,14 @@ impl SystemIndex {
         if self.scanned > history.len() || history.prefix_digest(self.scanned) != self.digest {
             self.scanned = 0;
             self.at.clear();
+            self.last_user = None;
         }
         if upto > self.scanned {
             for i in self.scanned..upto {
-                if history[i].role == crate::types::Role::System {
-                    self.at.push(i);
+                match history[i].role {
+                    crate::types::Role::System => self.at.push(i),
+                    crate::types::Role::User => self.last_user = Some(i),
+                    _ => {}
                 }
             }
             self.scanned = upto;
@@ -106,6 +111,11 @@ impl SystemIndex {
         }
         let n = self.at.partition_point(|&i| i < upto);
         &self.at[..n]
+    }
+
+    /// The last user message among the messages scanned so far.
+    pub(crate) fn last_user(&self) -> Option<usize> {
+        self.last_user
     }
 }
 
