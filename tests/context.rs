@@ -18,7 +18,9 @@ use tower_agent::lifecycle::builtin::{
     PromptCacheGuardMiddleware, SummarizationPolicy, TrimStrategy, RECALL_TOOL,
 };
 use tower_agent::lifecycle::{Hook, Middleware, MiddlewareStack};
-use tower_agent::tokens::{EstimateCounter, ModelInfo, ModelInfoTable, TokenCounter, TokenCounters};
+use tower_agent::tokens::{
+    EstimateCounter, ModelInfo, ModelInfoTable, TokenCounter, TokenCounters,
+};
 use tower_agent::types::{
     ApprovalDecision, Checkpoint, History, Message, ModelRequest, PriceTable, Role, ToolCall,
 };
@@ -65,7 +67,11 @@ async fn trimming_by_tokens_keeps_each_request_in_budget_and_the_transcript_whol
         .await
         .unwrap();
     assert_eq!(run.output, "all done");
-    assert_eq!(run.messages.len(), 2 + 11 * 2 + 1, "the run keeps every message");
+    assert_eq!(
+        run.messages.len(),
+        2 + 11 * 2 + 1,
+        "the run keeps every message"
+    );
     let counter = EstimateCounter::new();
     let requests = model.requests();
     assert!(requests.iter().any(|r| r.messages.len() < 12), "it trimmed");
@@ -74,7 +80,9 @@ async fn trimming_by_tokens_keeps_each_request_in_budget_and_the_transcript_whol
         assert!(counter.count_messages(&messages) <= 90);
         assert_eq!(request.messages.check_integrity(), Ok(()));
         assert_eq!(messages[0].text(), "You look things up.");
-        assert!(messages.iter().any(|m| m.role == Role::User && m.text() == "go"));
+        assert!(messages
+            .iter()
+            .any(|m| m.role == Role::User && m.text() == "go"));
     }
     // Cutting to 70% leaves room: some turns only append to the last request.
     let extended = requests
@@ -146,15 +154,18 @@ proptest! {
 
 /// A summary writer whose answers cost (40, 9).
 fn writer() -> ScriptedModel {
-    ScriptedModel::from_fn(|_| ScriptedTurn::text("They looked things up.").usage(Usage::new(40, 9)))
+    ScriptedModel::from_fn(|_| {
+        ScriptedTurn::text("They looked things up.").usage(Usage::new(40, 9))
+    })
 }
 
 #[tokio::test]
 async fn a_model_summary_compacts_the_thread_and_its_usage_is_exact_and_named() {
     let summaries = writer();
-    let compaction = ContextCompressionMiddleware::new(SummarizationPolicy::tokens(120).keep_last(2))
-        .counters(estimate())
-        .summarizer(ModelSummarizer::new(summaries.clone(), "writer"));
+    let compaction =
+        ContextCompressionMiddleware::new(SummarizationPolicy::tokens(120).keep_last(2))
+            .counters(estimate())
+            .summarizer(ModelSummarizer::new(summaries.clone(), "writer"));
     let (ctx, sink) = observed();
     let run = run_with(
         agent(looping_model(10)),
@@ -165,7 +176,11 @@ async fn a_model_summary_compacts_the_thread_and_its_usage_is_exact_and_named() 
     .unwrap();
     let records = compaction.records();
     assert!(!records.is_empty());
-    assert_eq!(records.len(), summaries.requests().len(), "one call a compaction");
+    assert_eq!(
+        records.len(),
+        summaries.requests().len(),
+        "one call a compaction"
+    );
     assert!(records.iter().all(|r| r.tokens_after < r.tokens_before));
     assert!(records.iter().all(|r| r.scope == CompactionScope::Thread));
     // The run's own calls, and the compactions' beside them.
@@ -173,7 +188,10 @@ async fn a_model_summary_compacts_the_thread_and_its_usage_is_exact_and_named() 
     let written = Usage::new(40 * records.len() as u64, 9 * records.len() as u64);
     assert_eq!(run.usage_total, run.usage + written);
     // The thread went on from the summary.
-    assert!(run.messages.iter().any(|m| m.text().contains("They looked things up.")));
+    assert!(run
+        .messages
+        .iter()
+        .any(|m| m.text().contains("They looked things up.")));
     assert_eq!(run.messages.check_integrity(), Ok(()));
     let events = sink.events();
     let compressed: Vec<_> = events
@@ -206,19 +224,34 @@ async fn a_turn_compaction_keeps_the_transcript_and_reuses_its_summary() {
     )
     .await
     .unwrap();
-    assert_eq!(run.messages.len(), 2 + 11 * 2 + 1, "nothing of the run was lost");
-    assert!(!run.messages.iter().any(|m| m.text().contains("They looked")));
+    assert_eq!(
+        run.messages.len(),
+        2 + 11 * 2 + 1,
+        "nothing of the run was lost"
+    );
+    assert!(!run
+        .messages
+        .iter()
+        .any(|m| m.text().contains("They looked")));
     let requests = model.requests();
     let summarized = requests
         .iter()
         .filter(|r| r.messages.iter().any(|m| m.text().contains("They looked")))
         .count();
     let calls = summaries.requests().len();
-    assert!(calls >= 1 && calls < summarized, "{calls} summaries for {summarized} requests");
+    assert!(
+        calls >= 1 && calls < summarized,
+        "{calls} summaries for {summarized} requests"
+    );
     assert!(requests.iter().all(|r| r.messages.len() <= 9));
-    assert!(requests.iter().all(|r| r.messages.check_integrity().is_ok()));
+    assert!(requests
+        .iter()
+        .all(|r| r.messages.check_integrity().is_ok()));
     let entries = ctx.usage_entries();
-    let named = entries.iter().filter(|e| e.agent.as_deref() == Some("compaction")).count();
+    let named = entries
+        .iter()
+        .filter(|e| e.agent.as_deref() == Some("compaction"))
+        .count();
     assert_eq!(named, calls);
 }
 
@@ -258,7 +291,9 @@ async fn a_context_fraction_needs_a_known_window_and_a_hook_may_skip() {
         .model("tiny")
         .counters(estimate())
         .summarizer(ModelSummarizer::new(writer(), "writer"));
-    let stack = MiddlewareStack::new().push(NoCompaction).push(skipped.clone());
+    let stack = MiddlewareStack::new()
+        .push(NoCompaction)
+        .push(skipped.clone());
     run_with(agent(looping_model(8)), stack, RunRequest::new("go"))
         .await
         .unwrap();
@@ -299,9 +334,17 @@ async fn clearing_moves_the_cached_prefix_only_on_the_turns_that_clear() {
         .iter()
         .all(|e| e.moved_by.as_deref() == Some("clear-tool-outputs")));
     let requests = model.requests();
-    assert!(requests[3].tools.iter().all(|t| t.name != RECALL_TOOL), "nothing cleared yet");
+    assert!(
+        requests[3].tools.iter().all(|t| t.name != RECALL_TOOL),
+        "nothing cleared yet"
+    );
     assert!(requests[4].tools.iter().any(|t| t.name == RECALL_TOOL));
-    let cleared = |r: &ModelRequest| r.messages.iter().filter(|m| m.text().starts_with("[cleared")).count();
+    let cleared = |r: &ModelRequest| {
+        r.messages
+            .iter()
+            .filter(|m| m.text().starts_with("[cleared"))
+            .count()
+    };
     assert_eq!(cleared(&requests[4]), 3);
     assert_eq!(cleared(&requests[7]), 6);
 }
@@ -332,12 +375,16 @@ async fn recall_works_after_a_resume_from_a_serialized_checkpoint() {
     let tools = {
         let page = page.clone();
         ToolRouter::new()
-            .tool(tool_sync("fetch", "Fetches", move |_: serde_json::Value| {
-                Ok::<_, BoxError>(page.clone())
-            }))
-            .tool(tool_sync("approve_me", "Needs a person", |_: serde_json::Value| {
-                Ok::<_, BoxError>("approved and done")
-            }))
+            .tool(tool_sync(
+                "fetch",
+                "Fetches",
+                move |_: serde_json::Value| Ok::<_, BoxError>(page.clone()),
+            ))
+            .tool(tool_sync(
+                "approve_me",
+                "Needs a person",
+                |_: serde_json::Value| Ok::<_, BoxError>("approved and done"),
+            ))
     };
     let model = ScriptedModel::new([
         ScriptedTurn::tool_call("fetch", "{}"),
@@ -359,30 +406,49 @@ async fn recall_works_after_a_resume_from_a_serialized_checkpoint() {
     };
     let paused = build().run("fetch it").await.unwrap();
     let checkpoint = paused.checkpoint().expect("paused").clone();
-    assert!(checkpoint.messages.iter().any(|m| m.text() == page), "the original is kept");
+    assert!(
+        checkpoint.messages.iter().any(|m| m.text() == page),
+        "the original is kept"
+    );
     let json = serde_json::to_string(&checkpoint).unwrap();
     let checkpoint: Checkpoint = serde_json::from_str(&json).unwrap();
     let call = checkpoint.pending[0].call.clone();
     // Another agent value, as another process would build it.
     let resumed = build()
-        .run_with(RunRequest::resume(checkpoint, vec![ApprovalDecision::approve(&call)]))
+        .run_with(RunRequest::resume(
+            checkpoint,
+            vec![ApprovalDecision::approve(&call)],
+        ))
         .await
         .unwrap();
     assert_eq!(resumed.output, "done");
     let requests = model.requests();
-    assert!(requests[2].messages.iter().any(|m| m.text().starts_with("[cleared the output of fetch")));
-    assert_eq!(requests[3].messages.last().unwrap().text(), page, "recalled");
+    assert!(requests[2]
+        .messages
+        .iter()
+        .any(|m| m.text().starts_with("[cleared the output of fetch")));
+    assert_eq!(
+        requests[3].messages.last().unwrap().text(),
+        page,
+        "recalled"
+    );
     assert!(resumed.messages.iter().filter(|m| m.text() == page).count() == 2);
 }
 
 #[tokio::test]
 async fn the_guard_names_the_dynamic_prompt_only_when_its_text_changes() {
     let prompt = DynamicSystemPromptMiddleware::new(|ctx: &RunContext| {
-        let phase = if ctx.iteration() >= 3 { "wrapping up" } else { "exploring" };
+        let phase = if ctx.iteration() >= 3 {
+            "wrapping up"
+        } else {
+            "exploring"
+        };
         format!("Phase: {phase}.")
     });
     let guard = PromptCacheGuardMiddleware::new();
-    let stack = MiddlewareStack::new().push(prompt).push_model(guard.clone());
+    let stack = MiddlewareStack::new()
+        .push(prompt)
+        .push_model(guard.clone());
     let model = looping_model(5);
     let run = run_with(agent(model.clone()), stack, RunRequest::new("go"))
         .await
@@ -413,10 +479,21 @@ async fn a_budget_with_a_token_counter_reserves_counted_tokens() {
             .per_run(Budget::new("run").max_tokens(155))
     };
     let ctx = RunContext::new();
-    budget().layer(model.clone()).oneshot(call(&ctx)).await.unwrap();
+    budget()
+        .layer(model.clone())
+        .oneshot(call(&ctx))
+        .await
+        .unwrap();
     let counted = budget().token_counter(estimate());
-    let err = counted.layer(model).oneshot(call(&RunContext::new())).await.unwrap_err();
-    assert_eq!(tower_agent::AgentError::classify(err).code(), "BUDGET_EXCEEDED");
+    let err = counted
+        .layer(model)
+        .oneshot(call(&RunContext::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        tower_agent::AgentError::classify(err).code(),
+        "BUDGET_EXCEEDED"
+    );
     assert_eq!(
         EstimateCounter::new().count_messages(&[Message::user("x".repeat(400))]),
         106
@@ -439,7 +516,10 @@ async fn a_summarizer_runs_on_its_own_over_a_stored_thread() {
     });
     let ctx = RunContext::new();
     let thread = vec![Message::user("a"), Message::assistant("b")];
-    let summary = ModelSummarizer::new(model, "m").summarize(&ctx, &thread).await.unwrap();
+    let summary = ModelSummarizer::new(model, "m")
+        .summarize(&ctx, &thread)
+        .await
+        .unwrap();
     assert_eq!(summary, "short");
     assert_eq!(*seen.0.lock().unwrap(), 2, "the prompt and the transcript");
 }

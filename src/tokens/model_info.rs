@@ -93,7 +93,9 @@ impl ModelInfoTable {
             ("gemini-2.0*", ModelInfo::new(1_048_576, 8_192)),
         ]
         .into_iter()
-        .fold(Self::new(), |table, (pattern, info)| table.model(pattern, info))
+        .fold(Self::new(), |table, (pattern, info)| {
+            table.model(pattern, info)
+        })
     }
 
     /// Adds (or replaces) `pattern`.
@@ -150,6 +152,9 @@ mod tests {
         let builtin = ModelInfoTable::builtin();
         assert_eq!(builtin.get("gpt-4").unwrap().context_window, 8_192);
         assert_eq!(builtin.get("gpt-4-turbo-2024").unwrap().max_output, 4_096);
-        assert_eq!(builtin.get("claude-sonnet-4-5").unwrap().context_window, 200_000);
+        assert_eq!(
+            builtin.get("claude-sonnet-4-5").unwrap().context_window,
+            200_000
+        );
     }
 }

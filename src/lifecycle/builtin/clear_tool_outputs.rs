@@ -148,7 +148,12 @@ impl ClearToolOutputsMiddleware {
     }
 
     /// The request's messages and tools after clearing.
-    fn clear(&self, ctx: &RunContext, input: &History, tools: &Arc<[ToolSpec]>) -> (History, Arc<[ToolSpec]>) {
+    fn clear(
+        &self,
+        ctx: &RunContext,
+        input: &History,
+        tools: &Arc<[ToolSpec]>,
+    ) -> (History, Arc<[ToolSpec]>) {
         let slot = self.slot(ctx);
         let mut state = lock(&slot);
         let mut output = match state.view.extend(input) {
@@ -224,7 +229,11 @@ impl ClearToolOutputsMiddleware {
         let offered = match &state.tools {
             Some((from, with)) if Arc::ptr_eq(from, tools) => with.clone(),
             _ => {
-                let mut with: Vec<ToolSpec> = tools.iter().filter(|t| t.name != RECALL_TOOL).cloned().collect();
+                let mut with: Vec<ToolSpec> = tools
+                    .iter()
+                    .filter(|t| t.name != RECALL_TOOL)
+                    .cloned()
+                    .collect();
                 with.push(recall_spec());
                 let with: Arc<[ToolSpec]> = with.into();
                 state.tools = Some((tools.clone(), with.clone()));
@@ -302,7 +311,8 @@ impl Middleware for ClearToolOutputsMiddleware {
     }
 
     fn wrap_model<'a>(&'a self, mut call: ModelCall, next: ModelNext) -> Wrapped<'a, ModelCall> {
-        let (messages, tools) = self.clear(&call.context, &call.request.messages, &call.request.tools);
+        let (messages, tools) =
+            self.clear(&call.context, &call.request.messages, &call.request.tools);
         call.request.messages = messages;
         call.request.tools = tools;
         Wrapped::next(call, next)
@@ -360,9 +370,17 @@ mod tests {
         let (cleared, offered) = clearing.clear(&ctx, &history, &tools);
         assert_eq!(cleared.iter().filter(|m| is_placeholder(m)).count(), 1);
         assert_eq!(offered.len(), 1);
-        assert!(cleared[2].text().contains("lookup({\"n\": 1})"), "{}", cleared[2].text());
+        assert!(
+            cleared[2].text().contains("lookup({\"n\": 1})"),
+            "{}",
+            cleared[2].text()
+        );
         assert!(cleared[2].text().contains("\"c1\""));
-        assert_eq!(history[2].text(), "first result", "the run keeps the original");
+        assert_eq!(
+            history[2].text(),
+            "first result",
+            "the run keeps the original"
+        );
         history.push(Message::assistant("thinking"));
         history.push(Message::user("more"));
         let (next, again) = clearing.clear(&ctx, &history, &tools);
@@ -373,7 +391,9 @@ mod tests {
 
     #[test]
     fn large_results_are_cleared_once_read_and_recall_returns_them() {
-        let clearing = ClearToolOutputsMiddleware::new().keep_turns(100).max_len(10);
+        let clearing = ClearToolOutputsMiddleware::new()
+            .keep_turns(100)
+            .max_len(10);
         let ctx = RunContext::new();
         let tools: Arc<[ToolSpec]> = Arc::from([]);
         let mut history = History::from(vec![Message::user("go")]);

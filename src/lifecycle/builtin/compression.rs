@@ -405,7 +405,10 @@ impl ContextCompressionMiddleware {
     /// messages, compacted again when it passes the threshold.
     async fn compact_turn(&self, ctx: &RunContext, input: &History) -> Result<History, BoxError> {
         let slot = run_slot::<TurnState>(ctx, self.owner());
-        let candidate = lock(&slot).view.extend(input).unwrap_or_else(|| input.clone());
+        let candidate = lock(&slot)
+            .view
+            .extend(input)
+            .unwrap_or_else(|| input.clone());
         let output = if self.over(ctx, &candidate)? {
             self.compact(ctx, &candidate).await?.unwrap_or(candidate)
         } else {

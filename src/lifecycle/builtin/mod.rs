@@ -37,11 +37,11 @@
 mod cache_guard;
 mod clear_tool_outputs;
 mod compression;
-mod summarizer;
-mod system_prompt;
 #[cfg(feature = "guards")]
 pub mod guards;
 pub mod limits;
+mod summarizer;
+mod system_prompt;
 mod trim;
 mod usage;
 mod view;

@@ -30,7 +30,9 @@ use crate::context::RunContext;
 use crate::error::BoxError;
 use crate::lifecycle::{Hook, Middleware, ModelMiddleware, ModelNext};
 use crate::request::ModelCall;
-use crate::tokens::{Conversation, EstimateCounter, TokenCounter, TokenCounters, TokenTally, REPLY_PRIMING};
+use crate::tokens::{
+    Conversation, EstimateCounter, TokenCounter, TokenCounters, TokenTally, REPLY_PRIMING,
+};
 use crate::types::{History, Message, ModelResponse, Role};
 
 /// How [`MessageTrimMiddleware`] and [`trim_messages`] measure the window.
@@ -285,7 +287,11 @@ impl MessageTrimMiddleware {
     /// default 1). Lower values cut less often, and keep the cached prefix
     /// longer.
     pub fn retain(mut self, fraction: f64) -> Self {
-        self.retain = if fraction.is_nan() { 1.0 } else { fraction.clamp(0.0, 1.0) };
+        self.retain = if fraction.is_nan() {
+            1.0
+        } else {
+            fraction.clamp(0.0, 1.0)
+        };
         self
     }
 
@@ -353,7 +359,8 @@ impl MessageTrimMiddleware {
             let target = (limit as f64 * self.retain) as usize;
             let start = window_start(n, history.iter().rev(), cost, fixed, pinned, target);
             let pinned_before = user.is_some_and(|u| u < start);
-            let trims = start > systems.partition_point(|&s| s < start) + usize::from(pinned_before);
+            let trims =
+                start > systems.partition_point(|&s| s < start) + usize::from(pinned_before);
             if !trims {
                 return None;
             }

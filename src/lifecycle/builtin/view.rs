@@ -24,7 +24,10 @@ impl<T> Default for Slots<T> {
 
 /// The `T` that the middleware instance `owner` keeps in `ctx`'s run, made
 /// on first use.
-pub(crate) fn run_slot<T: Default + Send + 'static>(ctx: &RunContext, owner: usize) -> Arc<Mutex<T>> {
+pub(crate) fn run_slot<T: Default + Send + 'static>(
+    ctx: &RunContext,
+    owner: usize,
+) -> Arc<Mutex<T>> {
     let slots = ctx.with_state(|s| s.get_or_insert_with(Slots::<T>::default).clone());
     let mut slots = lock(&slots.0);
     if let Some((_, slot)) = slots.iter().find(|(o, _)| *o == owner) {
