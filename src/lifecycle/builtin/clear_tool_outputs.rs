@@ -1,41 +1,6 @@
 //! [`ClearToolOutputsMiddleware`]: old or large tool results are replaced,
 //! in what the model reads, by a short placeholder, and a built-in
 //! [`recall_tool_output`](RECALL_TOOL) tool returns the original.
-//!
-//! ```
-//! use tower_agent::lifecycle::builtin::{ClearToolOutputsMiddleware, RECALL_TOOL};
-//! use tower_agent::lifecycle::MiddlewareStack;
-//! use tower_agent::{tool_sync, Agent, BoxError, ScriptedModel, ScriptedTurn, ToolRouter};
-//!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::AgentError> {
-//! let model = ScriptedModel::new([
-//!     ScriptedTurn::tool_call("fetch", "{}"),
-//!     ScriptedTurn::text("read it"),
-//!     ScriptedTurn::tool_call(RECALL_TOOL, r#"{"id": "call_1"}"#),
-//!     ScriptedTurn::text("done"),
-//! ]);
-//! let tools = ToolRouter::new().tool(tool_sync("fetch", "Fetches a page", |_: serde_json::Value| {
-//!     Ok::<_, BoxError>("a long page ".repeat(100))
-//! }));
-//! let clearing = ClearToolOutputsMiddleware::new().keep_turns(1);
-//! let agent = Agent::builder("a")
-//!     .model(model.clone())
-//!     .tools(tools)
-//!     .middleware(MiddlewareStack::new().push(clearing))
-//!     .build()?;
-//! let first = agent.run("fetch the page").await?;
-//! let second = agent.run_with(tower_agent::RunRequest::new("read it again").history(first.messages)).await?;
-//! assert_eq!(second.output, "done");
-//! let requests = model.requests();
-//! // The third request reads a placeholder, and is offered the recall tool.
-//! let third = &requests[2];
-//! assert!(third.messages.iter().any(|m| m.text().starts_with("[cleared")));
-//! assert!(third.tools.iter().any(|t| t.name == RECALL_TOOL));
-//! // The recall returned the original.
-//! let recalled = requests[3].messages.last().unwrap().text().into_owned();
-//! assert!(recalled.starts_with("a long page"));
-//! # Ok(()) }
-//! ```
 
 use std::collections::HashMap;
 use std::fmt;
@@ -67,6 +32,9 @@ fn recall_spec() -> ToolSpec {
     )
 }
 
+/// Tools a request offered, and the same with the recall tool added.
+type Offered = (Arc<[ToolSpec]>, Arc<[ToolSpec]>);
+
 /// What the middleware keeps per run.
 #[derive(Default)]
 struct Cleared {
@@ -78,7 +46,7 @@ struct Cleared {
     /// Tool results before this index were checked against the size rule.
     sized: usize,
     /// The tools last offered, and the same with the recall tool added.
-    tools: Option<(Arc<[ToolSpec]>, Arc<[ToolSpec]>)>,
+    tools: Option<Offered>,
 }
 
 /// Replaces tool results, in what the model reads, by a placeholder naming
@@ -104,6 +72,43 @@ struct Cleared {
 /// # Clone
 ///
 /// Clones are the same middleware: they share what they keep per run.
+///
+/// # Example
+///
+/// ```
+/// use tower_agent::lifecycle::builtin::{ClearToolOutputsMiddleware, RECALL_TOOL};
+/// use tower_agent::lifecycle::MiddlewareStack;
+/// use tower_agent::{tool_sync, Agent, BoxError, ScriptedModel, ScriptedTurn, ToolRouter};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::AgentError> {
+/// let model = ScriptedModel::new([
+///     ScriptedTurn::tool_call("fetch", "{}"),
+///     ScriptedTurn::text("read it"),
+///     ScriptedTurn::tool_call(RECALL_TOOL, r#"{"id": "call_1"}"#),
+///     ScriptedTurn::text("done"),
+/// ]);
+/// let tools = ToolRouter::new().tool(tool_sync("fetch", "Fetches a page", |_: serde_json::Value| {
+///     Ok::<_, BoxError>("a long page ".repeat(100))
+/// }));
+/// let clearing = ClearToolOutputsMiddleware::new().keep_turns(1);
+/// let agent = Agent::builder("a")
+///     .model(model.clone())
+///     .tools(tools)
+///     .middleware(MiddlewareStack::new().push(clearing))
+///     .build()?;
+/// let first = agent.run("fetch the page").await?;
+/// let second = agent.run_with(tower_agent::RunRequest::new("read it again").history(first.messages)).await?;
+/// assert_eq!(second.output, "done");
+/// let requests = model.requests();
+/// // The third request reads a placeholder, and is offered the recall tool.
+/// let third = &requests[2];
+/// assert!(third.messages.iter().any(|m| m.text().starts_with("[cleared")));
+/// assert!(third.tools.iter().any(|t| t.name == RECALL_TOOL));
+/// // The recall returned the original.
+/// let recalled = requests[3].messages.last().unwrap().text().into_owned();
+/// assert!(recalled.starts_with("a long page"));
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct ClearToolOutputsMiddleware {
     keep_turns: usize,

@@ -1,31 +1,6 @@
 //! [`ContextCompressionMiddleware`]: condenses older messages into a summary
 //! once the conversation grows past a threshold, for the rest of the thread
 //! or for one request.
-//!
-//! ```
-//! use tower_agent::lifecycle::builtin::{
-//!     CompactionScope, ContextCompressionMiddleware, ModelSummarizer, SummarizationPolicy,
-//! };
-//! use tower_agent::lifecycle::MiddlewareStack;
-//! use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
-//!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::AgentError> {
-//! let writer = ScriptedModel::new([ScriptedTurn::text("a summary")]);
-//! // Compact at 80% of gpt-4o's window, keeping the last 10 messages.
-//! let compaction = ContextCompressionMiddleware::new(
-//!     SummarizationPolicy::context_fraction(0.8).keep_last(10).scope(CompactionScope::Thread),
-//! )
-//! .model("gpt-4o")
-//! .summarizer(ModelSummarizer::new(writer, "gpt-4o-mini"));
-//! let agent = Agent::builder("a")
-//!     .model(ScriptedModel::new([ScriptedTurn::text("hi")]))
-//!     .model_name("gpt-4o")
-//!     .middleware(MiddlewareStack::new().push(compaction.clone()))
-//!     .build()?;
-//! agent.run("hello").await?;
-//! assert!(compaction.records().is_empty(), "far below the threshold");
-//! # Ok(()) }
-//! ```
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -204,6 +179,33 @@ struct Seen {
 /// # Clone
 ///
 /// Clones share the summarizer and the records.
+///
+/// # Example
+///
+/// ```
+/// use tower_agent::lifecycle::builtin::{
+///     CompactionScope, ContextCompressionMiddleware, ModelSummarizer, SummarizationPolicy,
+/// };
+/// use tower_agent::lifecycle::MiddlewareStack;
+/// use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::AgentError> {
+/// let writer = ScriptedModel::new([ScriptedTurn::text("a summary")]);
+/// // Compact at 80% of gpt-4o's window, keeping the last 10 messages.
+/// let compaction = ContextCompressionMiddleware::new(
+///     SummarizationPolicy::context_fraction(0.8).keep_last(10).scope(CompactionScope::Thread),
+/// )
+/// .model("gpt-4o")
+/// .summarizer(ModelSummarizer::new(writer, "gpt-4o-mini"));
+/// let agent = Agent::builder("a")
+///     .model(ScriptedModel::new([ScriptedTurn::text("hi")]))
+///     .model_name("gpt-4o")
+///     .middleware(MiddlewareStack::new().push(compaction.clone()))
+///     .build()?;
+/// agent.run("hello").await?;
+/// assert!(compaction.records().is_empty(), "far below the threshold");
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct ContextCompressionMiddleware {
     policy: SummarizationPolicy,

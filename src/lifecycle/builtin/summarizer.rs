@@ -1,30 +1,6 @@
 //! What writes a compaction's summary: the [`Summarizer`] trait, the
 //! model-free [`ConcatSummarizer`] and the [`ModelSummarizer`], which asks
 //! any model service.
-//!
-//! A summarizer is usable on its own, outside a middleware (after a run, to
-//! compact a stored thread):
-//!
-//! ```
-//! use tower_agent::lifecycle::builtin::{ModelSummarizer, Summarizer};
-//! use tower_agent::types::Message;
-//! use tower_agent::{RunContext, ScriptedModel, ScriptedTurn, Usage};
-//!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::BoxError> {
-//! let model = ScriptedModel::new([ScriptedTurn::text("The user asked about A-1; it shipped.")
-//!     .usage(Usage::new(40, 9))]);
-//! let summarizer = ModelSummarizer::new(model.clone(), "gpt-4o-mini");
-//! let ctx = RunContext::new();
-//! let thread = [Message::user("Where is A-1?"), Message::assistant("It shipped on Monday.")];
-//! let summary = summarizer.summarize(&ctx, &thread).await?;
-//! assert_eq!(summary, "The user asked about A-1; it shipped.");
-//! // The call's usage is in the ledger, under the compaction's name.
-//! let entry = &ctx.usage_entries()[0];
-//! assert_eq!(entry.agent.as_deref(), Some("compaction"));
-//! assert_eq!(ctx.total_usage(), Usage::new(40, 9));
-//! assert!(model.requests()[0].messages[1].text().contains("assistant: It shipped on Monday."));
-//! # Ok(()) }
-//! ```
 
 use std::fmt;
 use std::sync::Arc;
@@ -131,11 +107,35 @@ pub const SUMMARY_PROMPT: &str = "You condense conversations. Summarise the conv
 /// A model service that does not record its usage itself has it recorded
 /// here, once.
 ///
-/// See the [module docs](self) for an example.
-///
 /// # Clone
 ///
 /// Cheap; clones share the model service.
+///
+/// # Example
+///
+/// A summarizer is usable on its own, outside a middleware (after a run, to
+/// compact a stored thread):
+///
+/// ```
+/// use tower_agent::lifecycle::builtin::{ModelSummarizer, Summarizer};
+/// use tower_agent::types::Message;
+/// use tower_agent::{RunContext, ScriptedModel, ScriptedTurn, Usage};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::BoxError> {
+/// let model = ScriptedModel::new([ScriptedTurn::text("The user asked about A-1; it shipped.")
+///     .usage(Usage::new(40, 9))]);
+/// let summarizer = ModelSummarizer::new(model.clone(), "gpt-4o-mini");
+/// let ctx = RunContext::new();
+/// let thread = [Message::user("Where is A-1?"), Message::assistant("It shipped on Monday.")];
+/// let summary = summarizer.summarize(&ctx, &thread).await?;
+/// assert_eq!(summary, "The user asked about A-1; it shipped.");
+/// // The call's usage is in the ledger, under the compaction's name.
+/// let entry = &ctx.usage_entries()[0];
+/// assert_eq!(entry.agent.as_deref(), Some("compaction"));
+/// assert_eq!(ctx.total_usage(), Usage::new(40, 9));
+/// assert!(model.requests()[0].messages[1].text().contains("assistant: It shipped on Monday."));
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct ModelSummarizer {
     model: BoxModel,

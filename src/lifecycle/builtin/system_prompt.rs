@@ -1,36 +1,6 @@
 //! [`DynamicSystemPromptMiddleware`]: a system prompt computed per turn from
 //! the run's context and state, laid out so that the cacheable prefix stays
 //! put.
-//!
-//! ```
-//! use tower_agent::lifecycle::builtin::DynamicSystemPromptMiddleware;
-//! use tower_agent::lifecycle::MiddlewareStack;
-//! use tower_agent::{Agent, RunContext, RunRequest, ScriptedModel, ScriptedTurn};
-//!
-//! #[derive(Clone)]
-//! struct Plan(&'static str);
-//!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::AgentError> {
-//! let prompt = DynamicSystemPromptMiddleware::new(|ctx: &RunContext| {
-//!     let plan = ctx.state::<Plan>().map_or("free", |p| p.0);
-//!     format!("The user is on the {plan} plan. This is turn {}.", ctx.iteration())
-//! });
-//! let model = ScriptedModel::new([ScriptedTurn::text("hi")]);
-//! let agent = Agent::builder("a")
-//!     .instructions("You are a support agent.")
-//!     .model(model.clone())
-//!     .middleware(MiddlewareStack::new().push(prompt))
-//!     .build()?;
-//! let ctx = RunContext::builder().state(Plan("premium")).build();
-//! let run = agent.run_with(RunRequest::new("hello").context(ctx)).await?;
-//! let request = &model.requests()[0];
-//! // The stable prompt first, the part that changes after it.
-//! assert_eq!(request.messages[0].text(), "You are a support agent.");
-//! assert_eq!(request.messages[1].text(), "The user is on the premium plan. This is turn 1.");
-//! // The transcript keeps the agent's prompt only.
-//! assert_eq!(run.messages.len(), 3);
-//! # Ok(()) }
-//! ```
 
 use std::fmt;
 use std::sync::Arc;
@@ -70,6 +40,38 @@ struct Sent {
 ///
 /// Clones are the same middleware: they share the function and what they
 /// keep per run.
+///
+/// # Example
+///
+/// ```
+/// use tower_agent::lifecycle::builtin::DynamicSystemPromptMiddleware;
+/// use tower_agent::lifecycle::MiddlewareStack;
+/// use tower_agent::{Agent, RunContext, RunRequest, ScriptedModel, ScriptedTurn};
+///
+/// #[derive(Clone)]
+/// struct Plan(&'static str);
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::AgentError> {
+/// let prompt = DynamicSystemPromptMiddleware::new(|ctx: &RunContext| {
+///     let plan = ctx.state::<Plan>().map_or("free", |p| p.0);
+///     format!("The user is on the {plan} plan. This is turn {}.", ctx.iteration())
+/// });
+/// let model = ScriptedModel::new([ScriptedTurn::text("hi")]);
+/// let agent = Agent::builder("a")
+///     .instructions("You are a support agent.")
+///     .model(model.clone())
+///     .middleware(MiddlewareStack::new().push(prompt))
+///     .build()?;
+/// let ctx = RunContext::builder().state(Plan("premium")).build();
+/// let run = agent.run_with(RunRequest::new("hello").context(ctx)).await?;
+/// let request = &model.requests()[0];
+/// // The stable prompt first, the part that changes after it.
+/// assert_eq!(request.messages[0].text(), "You are a support agent.");
+/// assert_eq!(request.messages[1].text(), "The user is on the premium plan. This is turn 1.");
+/// // The transcript keeps the agent's prompt only.
+/// assert_eq!(run.messages.len(), 3);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct DynamicSystemPromptMiddleware {
     dynamic: Arc<PromptFn>,

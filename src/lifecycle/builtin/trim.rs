@@ -1,24 +1,5 @@
 //! [`MessageTrimMiddleware`]: keeps the conversation within a window of
 //! messages, text or tokens.
-//!
-//! ```
-//! use tower_agent::lifecycle::builtin::{MessageTrimMiddleware, TrimStrategy};
-//! use tower_agent::lifecycle::MiddlewareStack;
-//! use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
-//!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::AgentError> {
-//! let model = ScriptedModel::new([ScriptedTurn::text("hi")]);
-//! // Each request holds at most 2,000 tokens; a cut goes down to 1,500, so
-//! // the cached prefix stays put for the next turns.
-//! let trim = MessageTrimMiddleware::new(TrimStrategy::MaxTokens(2_000)).retain(0.75);
-//! let agent = Agent::builder("a")
-//!     .model(model.clone())
-//!     .middleware(MiddlewareStack::new().push_model(trim))
-//!     .build()?;
-//! let run = agent.run("hello").await?;
-//! assert_eq!(run.output, "hi");
-//! # Ok(()) }
-//! ```
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -261,6 +242,27 @@ struct Cut {
 /// # Clone
 ///
 /// Clones are the same middleware: they share what they keep per run.
+///
+/// # Example
+///
+/// ```
+/// use tower_agent::lifecycle::builtin::{MessageTrimMiddleware, TrimStrategy};
+/// use tower_agent::lifecycle::MiddlewareStack;
+/// use tower_agent::{Agent, ScriptedModel, ScriptedTurn};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_agent::AgentError> {
+/// let model = ScriptedModel::new([ScriptedTurn::text("hi")]);
+/// // Each request holds at most 2,000 tokens; a cut goes down to 1,500, so
+/// // the cached prefix stays put for the next turns.
+/// let trim = MessageTrimMiddleware::new(TrimStrategy::MaxTokens(2_000)).retain(0.75);
+/// let agent = Agent::builder("a")
+///     .model(model.clone())
+///     .middleware(MiddlewareStack::new().push_model(trim))
+///     .build()?;
+/// let run = agent.run("hello").await?;
+/// assert_eq!(run.output, "hi");
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct MessageTrimMiddleware {
     strategy: TrimStrategy,

@@ -8,7 +8,10 @@ use crate::context::RunContext;
 use crate::types::History;
 
 /// Slots of type `T`, one per middleware instance, in a run's state.
-struct Slots<T>(Arc<Mutex<Vec<(usize, Arc<Mutex<T>>)>>>);
+struct Slots<T>(Arc<Mutex<Vec<Slot<T>>>>);
+
+/// One middleware instance's slot: its id and its state.
+type Slot<T> = (usize, Arc<Mutex<T>>);
 
 impl<T> Clone for Slots<T> {
     fn clone(&self) -> Self {
