@@ -2,15 +2,18 @@
 //! 10,000 messages, with the same one-turn run and no middleware as the
 //! baseline of each group.
 //!
-//! Each iteration is one turn of a long-lived thread: a run on the same
-//! history and the same run context (so what the middleware keeps per run
-//! carries over, as it does from turn to turn of one run), whose model
-//! answers at once. The middleware's figure is its time minus the
-//! baseline's. The thresholds are set so that each middleware works on
-//! every turn (the trim cuts, the clearing clears) but does not
-//! re-summarise: a compaction's own model call is not what is measured.
+//! The figure is one turn in a run already under way, on a thread of that
+//! length: each sample times a run of 21 turns and a run of 1 turn on the
+//! same history (each from a fresh run context, so the first turn of both
+//! counts the whole thread) and reports the difference over 20. The model
+//! calls a tool until the run has 20 tool turns, then answers. A
+//! middleware's cost per turn is its figure minus `no_middleware`'s. The
+//! thresholds are set so that each middleware works on every turn (the trim
+//! cuts, the clearing clears) but does not summarise: a compaction's own
+//! model call is not what is measured.
 
 use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use tower::{Layer, ServiceExt};
@@ -22,7 +25,7 @@ use tower_agent::lifecycle::{LifecycleLayer, MiddlewareStack};
 use tower_agent::request::BoxAgent;
 use tower_agent::tokens::TokenCounters;
 use tower_agent::types::{History, Message, ToolCall};
-use tower_agent::{Agent, RunContext, RunRequest, ScriptedModel, ScriptedTurn};
+use tower_agent::{Agent, RunRequest, ScriptedModel, ScriptedTurn};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -55,11 +58,24 @@ fn thread(len: usize) -> History {
     History::from(messages)
 }
 
-fn agent(stack: Option<MiddlewareStack>) -> BoxAgent {
-    let model = ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")).record(false);
+/// Calls `lookup` `turns - 1` times, then answers (runs are sequential:
+/// it counts its calls, since a trimmed request does not show them all).
+fn agent(stack: Option<MiddlewareStack>, turns: usize) -> BoxAgent {
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let model = ScriptedModel::from_fn(move |_| {
+        let call = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if call % turns != 0 {
+            ScriptedTurn::tool_call("lookup", r#"{"id": 7}"#)
+        } else {
+            ScriptedTurn::text("ok")
+        }
+    })
+    .record(false);
     let agent = Agent::builder("a")
         .instructions("You answer briefly.")
         .model(model)
+        .tools(common::lookup_tools())
+        .max_turns(100)
         .build()
         .unwrap();
     match stack {
@@ -111,22 +127,31 @@ fn cases() -> Vec<(&'static str, Option<MiddlewareStack>)> {
 fn per_turn(c: &mut Criterion) {
     let rt = common::runtime();
     for (name, stack) in cases() {
-        let mut group = c.benchmark_group(format!("context_one_turn_{name}"));
+        let mut group = c.benchmark_group(format!("context_per_turn_{name}"));
         for len in [1usize, 100, 10_000] {
             let history = thread(len);
-            let agent = agent(stack.clone());
-            let ctx = RunContext::new();
-            let turn = || {
-                let request = RunRequest::new("and now?")
-                    .history(history.clone())
-                    .context(ctx.clone());
+            let long = agent(stack.clone(), 21);
+            let short = agent(stack.clone(), 1);
+            let run = |agent: &BoxAgent| {
+                let request = RunRequest::new("and now?").history(history.clone());
                 agent.clone().oneshot(request)
             };
-            // The first turn counts the whole thread; the rest are measured.
-            rt.block_on(turn()).unwrap();
+            assert_eq!(rt.block_on(run(&long)).unwrap().counters.turns, 21);
+            assert_eq!(rt.block_on(run(&short)).unwrap().counters.turns, 1);
             group.bench_with_input(BenchmarkId::from_parameter(len), &len, |b, _| {
-                b.to_async(&rt)
-                    .iter(|| async { black_box(turn().await.unwrap()) })
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let start = Instant::now();
+                        black_box(rt.block_on(run(&long)).unwrap());
+                        let long_run = start.elapsed();
+                        let start = Instant::now();
+                        black_box(rt.block_on(run(&short)).unwrap());
+                        let short_run = start.elapsed();
+                        total += long_run.saturating_sub(short_run) / 20;
+                    }
+                    total
+                })
             });
         }
         group.finish();
