@@ -36,12 +36,16 @@
 #[cfg(feature = "tokenizer")]
 mod bpe;
 mod choice;
+mod model_info;
+mod run;
 mod tally;
 
 #[cfg(feature = "tokenizer")]
 pub use bpe::BpeCounter;
 pub use choice::TokenCounters;
-pub use tally::TokenTally;
+pub use model_info::{ModelInfo, ModelInfoTable};
+pub use run::{request_tokens, Conversation};
+pub use tally::{Counts, TokenTally};
 
 use std::fmt;
 

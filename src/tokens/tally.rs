@@ -46,6 +46,8 @@ struct Seen {
     digests: Vec<[u8; 16]>,
     /// `counts[i]` is the tokens of message `i`.
     counts: Vec<u32>,
+    /// `ends[i]` is the tokens of messages `0..=i`.
+    ends: Vec<u64>,
     total: usize,
 }
 
@@ -55,6 +57,7 @@ impl Seen {
         let dropped: usize = self.counts[len..].iter().map(|&c| c as usize).sum();
         self.total -= dropped;
         self.counts.truncate(len);
+        self.ends.truncate(len);
         self.digests.truncate(len);
     }
 
@@ -111,6 +114,29 @@ impl TokenTally {
         self.update(history, |seen| seen.counts.clone())
     }
 
+    /// Reads the per-message counts of `history` without copying them:
+    /// `read` gets a [`Counts`] view (each message's tokens and the sum of
+    /// any range in O(1)). Counts only what changed since the last call.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tower_agent::tokens::{EstimateCounter, TokenTally};
+    /// use tower_agent::types::{History, Message};
+    ///
+    /// let tally = TokenTally::new(Arc::new(EstimateCounter::new()));
+    /// let history = History::from(vec![Message::user("abcd"), Message::user("abcdefgh")]);
+    /// let (last, both) = tally.with_counts(&history, |counts| (counts.get(1), counts.sum(0..2)));
+    /// assert_eq!((last, both), (5, 4 + 5));
+    /// ```
+    pub fn with_counts<R>(&self, history: &History, read: impl FnOnce(&Counts<'_>) -> R) -> R {
+        self.update(history, |seen| {
+            read(&Counts {
+                counts: &seen.counts,
+                ends: &seen.ends,
+            })
+        })
+    }
+
     /// Brings the remembered counts up to `history` and reads them.
     fn update<R>(&self, history: &History, read: impl FnOnce(&Seen) -> R) -> R {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
@@ -123,8 +149,51 @@ impl TokenTally {
             seen.counts.push(u32::try_from(tokens).unwrap_or(u32::MAX));
             seen.digests.push(history.prefix_digest(keep + i + 1));
             seen.total += tokens;
+            let total = seen.total as u64;
+            seen.ends.push(total);
         }
         read(&seen)
+    }
+}
+
+/// The per-message token counts of a history, as
+/// [`TokenTally::with_counts`] hands them: borrowed, never copied.
+#[derive(Debug, Clone, Copy)]
+pub struct Counts<'a> {
+    counts: &'a [u32],
+    ends: &'a [u64],
+}
+
+impl Counts<'_> {
+    /// How many messages.
+    pub fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Whether there is no message.
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+
+    /// The tokens of message `index` (0 past the end).
+    pub fn get(&self, index: usize) -> usize {
+        self.counts.get(index).map_or(0, |&c| c as usize)
+    }
+
+    /// The tokens of the messages in `range` (clamped to the messages), in O(1).
+    pub fn sum(&self, range: std::ops::Range<usize>) -> usize {
+        let end = range.end.min(self.ends.len());
+        let start = range.start.min(end);
+        if start == end {
+            return 0;
+        }
+        let upto = |n: usize| if n == 0 { 0 } else { self.ends[n - 1] };
+        (upto(end) - upto(start)) as usize
+    }
+
+    /// The tokens of every message, without the reply priming.
+    pub fn total(&self) -> usize {
+        self.sum(0..self.counts.len())
     }
 }
 

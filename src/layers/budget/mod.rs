@@ -7,7 +7,9 @@
 //! layer (a clone shares the ledger). For each attempt it:
 //!
 //! 1. **estimates** the call: its input at four characters a token
-//!    ([`estimate`]) plus its `max_tokens` (or
+//!    ([`estimate`]), or counted by a [`TokenCounter`](crate::tokens::TokenCounter)
+//!    when the layer has [`token_counter`](BudgetLayer::token_counter)
+//!    (incrementally: a turn counts only the messages it added), plus its `max_tokens` (or
 //!    [`default_output_tokens`](BudgetLayer::default_output_tokens)), priced
 //!    at the model's dearest input and output rates;
 //! 2. **reserves** that amount on every budget line the call draws on (its
@@ -101,6 +103,7 @@ use crate::error::{AgentError, BoxError};
 use crate::future::BoxResponseFuture;
 use crate::request::ModelCall;
 use crate::stores::budget::{BudgetLine, BudgetStore, MemoryBudgetStore, Spend};
+use crate::tokens::{request_tokens, TokenCounters};
 use crate::types::{Cost, ModelRequest, ModelResponse, PriceTable};
 
 /// The input tokens of `request`, estimated at four bytes of text a token
@@ -210,6 +213,7 @@ struct Config {
     default_output_tokens: u64,
     tenant_fn: Option<Arc<TenantFn>>,
     fail_open: bool,
+    counters: Option<TokenCounters>,
 }
 
 /// Holds model calls to budgets. See the [module docs](self).
@@ -255,6 +259,7 @@ impl BudgetLayer {
                 default_output_tokens: 1024,
                 tenant_fn: None,
                 fail_open: false,
+                counters: None,
             }),
         }
     }
@@ -312,6 +317,23 @@ impl BudgetLayer {
     /// it (`false`, the default).
     pub fn fail_open(self, open: bool) -> Self {
         self.map(|c| c.fail_open = open)
+    }
+
+    /// Estimates a call's input by counting its tokens with the model's
+    /// counter from `counters` (see [`request_tokens`]) instead of four
+    /// bytes a token. Counting is incremental per run: a turn counts only
+    /// the messages it added.
+    ///
+    /// ```
+    /// use tower_agent::layers::budget::BudgetLayer;
+    /// use tower_agent::tokens::TokenCounters;
+    /// use tower_agent::types::PriceTable;
+    ///
+    /// let layer = BudgetLayer::new(PriceTable::new()).token_counter(TokenCounters::openai());
+    /// # let _ = layer;
+    /// ```
+    pub fn token_counter(self, counters: TokenCounters) -> Self {
+        self.map(|c| c.counters = Some(counters))
     }
 }
 
@@ -490,7 +512,10 @@ where
             ));
             return ResponseFuture(BoxResponseFuture::new(async move { Err(err.into()) }));
         }
-        let input = estimate(&call.request);
+        let input = match &config.counters {
+            Some(counters) => request_tokens(&call.context, counters, &call.request),
+            None => estimate(&call.request),
+        };
         let output = call
             .request
             .settings

@@ -115,6 +115,22 @@ impl ModelRateLimitLayer {
         self.with(|c| c.estimate = Some(Arc::new(f)))
     }
 
+    /// Counts a request's input with the model's counter from `counters`
+    /// (see [`request_tokens`](crate::tokens::request_tokens)), incrementally
+    /// per run, instead of four bytes a token. An [`estimate`](Self::estimate)
+    /// function still wins.
+    ///
+    /// ```
+    /// use tower_agent::layers::rate_limit::ModelRateLimitLayer;
+    /// use tower_agent::tokens::TokenCounters;
+    ///
+    /// let layer = ModelRateLimitLayer::new().token_counter(TokenCounters::openai());
+    /// # let _ = layer;
+    /// ```
+    pub fn token_counter(self, counters: crate::tokens::TokenCounters) -> Self {
+        self.with(|c| c.counters = Some(counters))
+    }
+
     /// The output tokens the default estimate assumes for a request without
     /// `max_tokens` (default 1024).
     pub fn default_output_tokens(self, tokens: u64) -> Self {

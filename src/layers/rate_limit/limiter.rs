@@ -30,7 +30,7 @@ use super::bucket::{Bucket, Grant};
 use super::limits::{Config, EstimateFn, KeyFn, Limits};
 use super::remote::Remote;
 use crate::request::ModelCall;
-use crate::types::ModelRequest;
+use crate::tokens::{request_tokens, TokenCounters};
 
 struct Queued {
     id: u64,
@@ -295,6 +295,7 @@ pub(super) struct Limiter {
     pub(super) key_fn: Option<Arc<KeyFn>>,
     pub(super) estimate: Option<Arc<EstimateFn>>,
     pub(super) default_output_tokens: u64,
+    counters: Option<TokenCounters>,
     idle_keys: usize,
     /// The quota behind a store, when the layer was given one: then the
     /// in-memory keys below are not used.
@@ -347,6 +348,7 @@ impl Limiter {
             key_fn: config.key_fn,
             estimate: config.estimate,
             default_output_tokens: config.default_output_tokens,
+            counters: config.counters,
             first: OnceLock::new(),
             keys: Mutex::new(Keys {
                 map: HashMap::new(),
@@ -414,18 +416,24 @@ impl Limiter {
         (key, limits)
     }
 
-    /// The tokens `request` is expected to take: its text at four bytes a
-    /// token plus `max_tokens` (or the default output estimate).
-    pub(super) fn estimate(&self, request: &ModelRequest) -> u64 {
-        match &self.estimate {
-            Some(f) => f(request),
-            None => request.messages.text_len().div_ceil(4).saturating_add(
-                request
-                    .settings
-                    .max_tokens
-                    .map_or(self.default_output_tokens, u64::from),
-            ),
+    /// The tokens `call` is expected to take: its input (counted by the
+    /// model's counter, or its text at four bytes a token) plus
+    /// `max_tokens` (or the default output estimate).
+    pub(super) fn estimate(&self, call: &ModelCall) -> u64 {
+        let request = &call.request;
+        if let Some(f) = &self.estimate {
+            return f(request);
         }
+        let input = match &self.counters {
+            Some(counters) => request_tokens(&call.context, counters, request),
+            None => request.messages.text_len().div_ceil(4),
+        };
+        input.saturating_add(
+            request
+                .settings
+                .max_tokens
+                .map_or(self.default_output_tokens, u64::from),
+        )
     }
 }
 

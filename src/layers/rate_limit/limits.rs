@@ -10,6 +10,7 @@ use crate::request::ModelCall;
 use crate::stores::quota::QuotaStore;
 pub use crate::stores::quota::{Limits, Rate};
 use crate::stores::FailPolicy;
+use crate::tokens::TokenCounters;
 use crate::types::ModelRequest;
 
 /// How a call's key and token estimate are found.
@@ -26,6 +27,7 @@ pub(super) struct Config {
     pub(super) key_fn: Option<Arc<KeyFn>>,
     pub(super) estimate: Option<Arc<EstimateFn>>,
     pub(super) default_output_tokens: u64,
+    pub(super) counters: Option<TokenCounters>,
     pub(super) idle_keys: usize,
     pub(super) store: Option<Arc<dyn QuotaStore>>,
     pub(super) on_store_error: FailPolicy,
@@ -41,6 +43,7 @@ impl Default for Config {
             key_fn: None,
             estimate: None,
             default_output_tokens: 1024,
+            counters: None,
             idle_keys: 1024,
             store: None,
             on_store_error: FailPolicy::Closed,

@@ -284,7 +284,7 @@ where
         };
         if let Some(remote) = &limiter.remote {
             let (key, limits) = limiter.name_of(&call);
-            let tokens = limiter.estimate(&call.request);
+            let tokens = limiter.estimate(&call);
             let mut max_wait = limiter.max_wait;
             if let Some(left) = call.context.remaining() {
                 max_wait = max_wait.min(left);
@@ -311,7 +311,7 @@ where
             Some(ticket) => ticket.shared().clone(),
             None => limiter.key_of(&call),
         };
-        let tokens = limiter.estimate(&call.request);
+        let tokens = limiter.estimate(&call);
         let mut max_wait = limiter.max_wait.saturating_sub(waited);
         if let Some(left) = call.context.remaining() {
             max_wait = max_wait.min(left);

@@ -212,3 +212,26 @@ async fn invalid_limits_fail_every_call_with_a_config_error() {
     let fixed = layer.requests(1, Duration::from_secs(60));
     assert!(fixed.validate().is_ok());
 }
+
+#[test]
+fn a_token_counter_counts_the_input_and_falls_back_to_four_bytes_a_token() {
+    use crate::tokens::{EstimateCounter, TokenCounters};
+    let mut request = ModelRequest::new("m", vec![Message::user("x".repeat(400))]);
+    request.settings.max_tokens = Some(50);
+    let call = ModelCall::new(request, RunContext::new());
+    let plain = Limiter::new(Config::default());
+    assert_eq!(plain.estimate(&call), 100 + 50);
+    let counted = Limiter::new(Config {
+        counters: Some(TokenCounters::new(EstimateCounter::new())),
+        ..Config::default()
+    });
+    // Reply priming 3, the message's overhead 3, its text 100, and the output.
+    assert_eq!(counted.estimate(&call), 3 + 3 + 100 + 50);
+    // An estimate function still wins.
+    let custom = Limiter::new(Config {
+        counters: Some(TokenCounters::new(EstimateCounter::new())),
+        estimate: Some(Arc::new(|_: &ModelRequest| 7)),
+        ..Config::default()
+    });
+    assert_eq!(custom.estimate(&call), 7);
+}

@@ -26,6 +26,8 @@ struct Edit {
 #[derive(Default)]
 struct RunLog {
     edits: Vec<Edit>,
+    /// The edits made for the previous request.
+    previous_edits: Vec<Edit>,
     /// The messages of the previous model request of the run.
     previous: Option<History>,
 }
@@ -62,6 +64,16 @@ impl EditWatch for EditLog {
             before,
             after: after.clone(),
         });
+    }
+}
+
+/// This request's edits, handed back to the log when the check is done, to
+/// compare the next request's with.
+struct Keep<'a>(&'a EditLog, Vec<Edit>);
+
+impl Drop for Keep<'_> {
+    fn drop(&mut self) {
+        self.0.lock().previous_edits = std::mem::take(&mut self.1);
     }
 }
 
@@ -139,20 +151,33 @@ impl PromptCacheGuardMiddleware {
         let log = EditLog::install(ctx);
         let mut run = log.lock();
         let edits = std::mem::take(&mut run.edits);
+        let earlier = std::mem::take(&mut run.previous_edits);
         let Some(previous) = run.previous.replace(request.clone()) else {
+            run.previous_edits = edits;
             return;
         };
         drop(run);
+        let edits = Keep(&log, edits);
         // Only the loop appended since the last request: the prefix holds.
-        if edits.is_empty() && request.len() >= previous.len() {
+        if edits.1.is_empty() && request.len() >= previous.len() {
             return;
         }
         if starts_with(request, &previous) {
             return;
         }
+        // The edit that moved it: one whose input only grew since its edit
+        // of the previous request while its output did not (a middleware
+        // that rewrites each request, such as a dynamic prompt), or one
+        // that got the previous request and did not keep it.
         let moved_by = edits
+            .1
             .iter()
-            .find(|e| starts_with(&e.before, &previous) && !starts_with(&e.after, &previous))
+            .find(|e| {
+                let again = earlier.iter().find(|p| p.by == e.by).is_some_and(|p| {
+                    starts_with(&e.before, &p.before) && !starts_with(&e.after, &p.after)
+                });
+                again || (starts_with(&e.before, &previous) && !starts_with(&e.after, &previous))
+            })
             .map(|e| e.by.to_string());
         let event = CacheLayoutEvent {
             run_id: ctx.run_id().clone(),

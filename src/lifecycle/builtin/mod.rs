@@ -1,6 +1,9 @@
-//! Built-in middleware: message trimming, context compression, a
-//! prompt-cache guard, usage accounting, call limits ([`limits`]), the tool
-//! policy ([`policy`]) and per-turn tool selection ([`tool_selection`]).
+//! Built-in middleware: message trimming (by messages, text or tokens),
+//! context compaction (for the thread or one request, summarized by a model
+//! or not), clearing old tool outputs with a recall tool, a dynamic system
+//! prompt, a prompt-cache guard, usage accounting, call limits ([`limits`]),
+//! the tool policy ([`policy`]), per-turn tool selection
+//! ([`tool_selection`]) and memory across runs ([`memory`]).
 //!
 //! Place built-ins nearest the model with
 //! [`LifecycleLayer::builtins`](crate::LifecycleLayer::builtins), or anywhere
@@ -34,6 +37,7 @@
 //! ```
 
 mod cache_guard;
+mod clear_tool_outputs;
 mod compression;
 #[cfg(feature = "guards")]
 pub mod guards;
@@ -41,16 +45,23 @@ pub mod limits;
 pub mod memory;
 pub mod policy;
 pub mod tool_selection;
+mod summarizer;
+mod system_prompt;
 mod trim;
 mod usage;
+mod view;
 
 pub use cache_guard::{CacheLayoutEvent, PromptCacheGuardMiddleware};
+pub use clear_tool_outputs::{ClearToolOutputsMiddleware, RECALL_TOOL};
 pub use compression::{
-    ConcatSummarizer, ContextCompressionMiddleware, SummarizationPolicy, Summarizer, SummaryRecord,
+    CompactionScope, CompactionTrigger, ContextCompressionMiddleware, SummarizationPolicy,
+    SummaryRecord,
 };
 pub use memory::{
     parse_memories, Extracted, ExtractionRequest, MemoryExtractor, MemoryMiddleware,
     MemoryNamespace, ModelExtractor, ThreadCompaction,
 };
+pub use summarizer::{ConcatSummarizer, ModelSummarizer, Summarizer, SUMMARY_PROMPT};
+pub use system_prompt::DynamicSystemPromptMiddleware;
 pub use trim::{trim_messages, MessageTrimMiddleware, TrimStrategy};
 pub use usage::{UsageAccountingMiddleware, UsageTotals};
