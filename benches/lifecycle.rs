@@ -194,7 +194,11 @@ fn counted_runs(case: &str, runs: usize) {
         .expect("BENCH_CASE names a case of the group");
     rt.block_on(async {
         for _ in 0..runs {
-            service.clone().oneshot(RunRequest::new("hi")).await.unwrap();
+            service
+                .clone()
+                .oneshot(RunRequest::new("hi"))
+                .await
+                .unwrap();
         }
     });
 }

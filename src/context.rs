@@ -247,7 +247,10 @@ impl RunContext {
     /// `fut`, unless the run is cancelled or reaches its deadline first:
     /// then [`AgentError::Cancelled`] or [`AgentError::Timeout`] (the run's
     /// deadline, after how long), and `fut` is dropped.
-    pub(crate) async fn race<F: std::future::Future>(&self, fut: F) -> Result<F::Output, AgentError> {
+    pub(crate) async fn race<F: std::future::Future>(
+        &self,
+        fut: F,
+    ) -> Result<F::Output, AgentError> {
         async fn until(deadline: Option<Instant>) {
             match deadline {
                 Some(deadline) => tokio::time::sleep_until(deadline).await,

@@ -175,9 +175,8 @@ impl<Req: WrapRequest> Next<Req> {
                     let home = next.home;
                     drop(next);
                     let result = guarded(&ctx, &entry.name, hook, || future).await;
-                    return result.map_err(|err| {
-                        own_failure(&ctx, home, Req::link_error(err, &entry.name))
-                    });
+                    return result
+                        .map_err(|err| own_failure(&ctx, home, Req::link_error(err, &entry.name)));
                 }
             }
         }

@@ -5,7 +5,6 @@
 use std::future::Future;
 use std::sync::Arc;
 
-
 use super::Config;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
