@@ -7,8 +7,14 @@
 //! (time(N) − time(1)) / ((N − 1) × hooks fired per middleware per run);
 //! the number of hooks fired is counted once and printed. Targets: the
 //! first middleware ≤ 1 µs over `no_layer`, each further hook ≤ 30 ns.
+//!
+//! For instruction counts, which hold still on a busy machine:
+//! `BENCH_CASE=middleware_1 BENCH_RUNS=1000 valgrind --tool=callgrind
+//! target/release/deps/lifecycle-…` runs one case that many times without
+//! criterion; the difference between two run counts, divided by the
+//! difference in runs, is the instructions per run.
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use tower::{Layer, ServiceExt};
 use tower_agent::hooks::{
     Compaction, Notification, RunOutcome, RunStart, ToolCallResult, ToolVerdict,
@@ -147,6 +153,56 @@ fn agent() -> Agent {
         .unwrap()
 }
 
+/// A run service, type-erased.
+fn boxed<S>(service: S) -> tower_agent::BoxAgent
+where
+    S: tower::Service<RunRequest, Response = tower_agent::types::AgentRun>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    tower::util::BoxCloneSyncService::new(service.map_err(Into::into))
+}
+
+/// The run services of the group, by case name.
+fn cases() -> Vec<(String, tower_agent::BoxAgent)> {
+    let mut cases = vec![("no_layer".to_owned(), boxed(agent()))];
+    for n in [0usize, 1, 4, 8] {
+        let stack = (0..n).fold(MiddlewareStack::new(), |stack, _| stack.push(Noop));
+        cases.push((
+            format!("middleware_{n}"),
+            boxed(LifecycleLayer::new(stack).layer(agent())),
+        ));
+    }
+    let stack = (0..8).fold(MiddlewareStack::new(), |stack, _| stack.push(Defaults));
+    cases.push((
+        "defaults_8".to_owned(),
+        boxed(LifecycleLayer::new(stack).layer(agent())),
+    ));
+    cases
+}
+
+/// `BENCH_CASE` run `BENCH_RUNS` times, without criterion: for callgrind.
+fn counted_runs(case: &str, runs: usize) {
+    let rt = common::runtime();
+    let (_, service) = cases()
+        .into_iter()
+        .find(|(name, _)| name == case)
+        .expect("BENCH_CASE names a case of the group");
+    rt.block_on(async {
+        for _ in 0..runs {
+            service
+                .clone()
+                .oneshot(RunRequest::new("hi"))
+                .await
+                .unwrap();
+        }
+    });
+}
+
 fn lifecycle(c: &mut Criterion) {
     let rt = common::runtime();
 
@@ -184,4 +240,12 @@ fn lifecycle(c: &mut Criterion) {
 }
 
 criterion_group!(benches, lifecycle);
-criterion_main!(benches);
+
+fn main() {
+    if let (Ok(case), Ok(runs)) = (std::env::var("BENCH_CASE"), std::env::var("BENCH_RUNS")) {
+        counted_runs(&case, runs.parse().expect("BENCH_RUNS is a number"));
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -31,6 +31,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
+use crate::error::{AgentError, TimeoutSource};
 use crate::event::{AgentEvent, EventSink, NoopSink};
 use crate::types::{Cost, History, PriceTable, StopReason, Usage};
 
@@ -276,6 +277,30 @@ impl RunContext {
     /// When the run must be done, if a deadline was set.
     pub fn deadline(&self) -> Option<Instant> {
         self.inner.deadline
+    }
+
+    /// `fut`, unless the run is cancelled or reaches its deadline first:
+    /// then [`AgentError::Cancelled`] or [`AgentError::Timeout`] (the run's
+    /// deadline, after how long), and `fut` is dropped.
+    pub(crate) async fn race<F: std::future::Future>(
+        &self,
+        fut: F,
+    ) -> Result<F::Output, AgentError> {
+        async fn until(deadline: Option<Instant>) {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            biased;
+            () = self.cancelled() => Err(AgentError::Cancelled),
+            () = until(self.deadline()) => Err(AgentError::Timeout {
+                timer: TimeoutSource::RunDeadline,
+                after: Some(self.elapsed()),
+            }),
+            out = fut => Ok(out),
+        }
     }
 
     /// How long since the root run's context was made.

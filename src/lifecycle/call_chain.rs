@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
-use tokio::sync::Notify;
-use tower::Service;
-
 use futures::future::Either;
+use futures::task::AtomicWaker;
+use futures::FutureExt;
+use tower::Service;
 
 use super::next::call_innermost;
 use super::stack::CompiledStack;
@@ -24,7 +24,8 @@ use crate::types::{ModelDelta, ModelResponse};
 struct DeltaFailure {
     failed: AtomicBool,
     error: Mutex<Option<AgentError>>,
-    notify: Notify,
+    /// The task waiting for the call, woken when a delta hook fails.
+    waker: AtomicWaker,
 }
 
 impl DeltaFailure {
@@ -33,7 +34,7 @@ impl DeltaFailure {
         if slot.is_none() {
             *slot = Some(err);
             self.failed.store(true, Ordering::Release);
-            self.notify.notify_one();
+            self.waker.wake();
         }
     }
 
@@ -44,23 +45,44 @@ impl DeltaFailure {
             .take()
     }
 
-    /// `fut`, unless a delta hook fails first: then its error, and `fut`
-    /// is dropped (the stream is cut).
-    async fn race<T>(&self, fut: impl Future<Output = Result<T, BoxError>>) -> Result<T, BoxError> {
-        tokio::select! {
-            biased;
-            () = self.notify.notified() => Err(self.error_box()),
-            result = fut => match self.take() {
-                Some(err) => Err(Box::new(err)),
-                None => result,
-            },
-        }
-    }
-
     fn error_box(&self) -> BoxError {
         match self.take() {
             Some(err) => Box::new(err),
             None => "a delta hook failed".into(),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A call's future, unless a delta hook fails first: then its error, and
+    /// the call's future is dropped (the stream is cut). No bigger than the
+    /// call's future and a pointer.
+    struct Raced<F> {
+        #[pin]
+        fut: F,
+        failure: Arc<DeltaFailure>,
+    }
+}
+
+impl<T, F: Future<Output = Result<T, BoxError>>> Future for Raced<F> {
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let failure = &**this.failure;
+        if failure.failed.load(Ordering::Acquire) {
+            return Poll::Ready(Err(failure.error_box()));
+        }
+        failure.waker.register(cx.waker());
+        match this.fut.poll(cx) {
+            Poll::Ready(result) => Poll::Ready(match failure.take() {
+                Some(err) => Err(Box::new(err)),
+                None => result,
+            }),
+            Poll::Pending if failure.failed.load(Ordering::Acquire) => {
+                Poll::Ready(Err(failure.error_box()))
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -95,13 +117,14 @@ fn guard_sink(
 }
 
 /// One model call through `stack`'s part of the onion. Delta hooks see the
-/// stream only in a run that streams.
-pub(crate) async fn model_call(
+/// stream only in a run that streams. The set-up happens here, at once; the
+/// future only waits.
+pub(crate) fn model_call(
     stack: Arc<CompiledStack>,
     mut call: ModelCall,
     base: BoxModel,
     home: Option<usize>,
-) -> Result<ModelResponse, BoxError> {
+) -> impl Future<Output = Result<ModelResponse, BoxError>> + Send + 'static {
     let failure = match call.stream.take() {
         Some(sink) if stack.has(HookPoint::OnModelDelta) => {
             let failure = Arc::new(DeltaFailure::default());
@@ -123,19 +146,19 @@ pub(crate) async fn model_call(
         Either::Right(call_innermost(base, call, true))
     };
     match failure {
-        None => fut.await,
-        Some(failure) => failure.race(fut).await,
+        None => Either::Left(fut),
+        Some(failure) => Either::Right(Raced { fut, failure }),
     }
 }
 
 /// One tool call through `stack`'s part of the onion. With delta hooks, the
 /// tool gets a sink for its progress even when nobody else listens.
-pub(crate) async fn tool_call(
+pub(crate) fn tool_call(
     stack: Arc<CompiledStack>,
     mut invocation: ToolInvocation,
     base: BoxTool,
     home: Option<usize>,
-) -> Result<ToolOutput, BoxError> {
+) -> impl Future<Output = Result<ToolOutput, BoxError>> + Send + 'static {
     let failure = if stack.has(HookPoint::OnToolDelta) {
         let failure = Arc::new(DeltaFailure::default());
         let (hooks, ctx, call) = (
@@ -158,19 +181,20 @@ pub(crate) async fn tool_call(
     } else {
         Either::Right(call_innermost(base, invocation, true))
     };
-    let result = match failure {
-        None => fut.await,
-        Some(failure) => failure.race(fut).await,
+    let fut = match failure {
+        None => Either::Left(fut),
+        Some(failure) => Either::Right(Raced { fut, failure }),
     };
     // What fails here as a middleware error is this stack's (a nested
     // run's own failures became error results below): it fails the runs up
     // to the one the stack was installed for.
-    if let (Err(err), Some(home)) = (&result, home) {
-        if kind_of(err.as_ref()) == ErrorKind::Middleware {
-            ctx.note_hook_failure(ctx.depth().saturating_sub(home));
+    fut.inspect(move |result| {
+        if let (Err(err), Some(home)) = (result, home) {
+            if kind_of(err.as_ref()) == ErrorKind::Middleware {
+                ctx.note_hook_failure(ctx.depth().saturating_sub(home));
+            }
         }
-    }
-    result
+    })
 }
 
 /// A stack's part of the model onion as a service: what the inherited

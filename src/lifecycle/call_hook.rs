@@ -1,20 +1,18 @@
 //! Calls one hook of one middleware: learning "not overridden", events,
 //! panics, the fail policy, attribution.
 
-use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use tokio::time::Instant;
 
 use super::attribute::{attribute, panicked};
 use super::middleware::{HookKind, NotOverridden};
 use super::stack::Entry;
 use super::{Hook, HookPoint};
 use crate::context::RunContext;
-use crate::error::{AgentError, BoxError, TimeoutSource};
+use crate::error::{AgentError, BoxError};
 use crate::event::AgentEvent;
 
 pub(crate) fn started(ctx: &RunContext, name: &Arc<str>, hook: HookPoint) {
@@ -80,23 +78,6 @@ pub(crate) fn log_ignored(ctx: &RunContext, name: &Arc<str>, hook: HookPoint, er
         hook: hook.as_str(),
         error: err.to_string(),
     });
-}
-
-/// Races `fut` against the run's cancellation and deadline: a hook still
-/// running then is no longer waited for.
-async fn race<F: Future>(ctx: &RunContext, fut: F) -> Result<F::Output, AgentError> {
-    async fn until(deadline: Option<Instant>) {
-        match deadline {
-            Some(deadline) => tokio::time::sleep_until(deadline).await,
-            None => std::future::pending().await,
-        }
-    }
-    tokio::select! {
-        biased;
-        () = ctx.cancelled() => Err(AgentError::Cancelled),
-        () = until(ctx.deadline()) => Err(AgentError::Timeout { timer: TimeoutSource::RunDeadline, after: Some(ctx.elapsed()) }),
-        out = fut => Ok(out),
-    }
 }
 
 /// What became of a hook that failed: the run's error, or `None` when the
@@ -185,7 +166,7 @@ pub(crate) async fn finish<T>(
         // Closing hooks run after a cancellation too: they decide.
         Ok(guarded.await)
     } else {
-        race(ctx, guarded).await
+        ctx.race(guarded).await
     };
     match outcome {
         Ok(Ok(result)) => settle(entry, ctx, hook, bracket, result),

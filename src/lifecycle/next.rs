@@ -49,11 +49,9 @@ pub struct Next<Req: WrapRequest> {
 
 /// The service below the last wrap hook.
 struct Innermost<Req: WrapRequest> {
-    /// Made ready by `poll_ready` (holding whatever it reserved): for the
-    /// first run.
+    /// Made ready by `poll_ready` (holding whatever it reserved) for the
+    /// first run; after it, a clone for the runs that may follow.
     ready: Mutex<Option<BoxService<Req>>>,
-    /// For the runs after it.
-    template: BoxService<Req>,
     /// Below a lifecycle chain: a tool's failure becomes its error result.
     recover: bool,
 }
@@ -61,19 +59,21 @@ struct Innermost<Req: WrapRequest> {
 impl<Req: WrapRequest> Innermost<Req> {
     fn new(service: BoxService<Req>, recover: bool) -> Arc<Self> {
         Arc::new(Self {
-            template: service.clone(),
             ready: Mutex::new(Some(service)),
             recover,
         })
     }
 
-    fn take(&self) -> BoxService<Req> {
-        let ready = self
-            .ready
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        ready.unwrap_or_else(|| self.template.clone())
+    /// The service for one run. A clone is left behind only while another
+    /// `Next` shares this one and so may run later: the `Next` being run is
+    /// the last holder otherwise, and nothing can clone it any more.
+    fn take(self: &Arc<Self>) -> Option<BoxService<Req>> {
+        let mut slot = self.ready.lock().unwrap_or_else(PoisonError::into_inner);
+        let service = slot.take()?;
+        if Arc::strong_count(self) > 1 {
+            *slot = Some(service.clone());
+        }
+        Some(service)
     }
 }
 
@@ -113,9 +113,14 @@ impl<Req: WrapRequest> Next<Req> {
     /// What the rest of the stack fails with.
     pub async fn run(self, mut req: Req) -> Result<Req::Response, BoxError> {
         let mut next = self;
+        // What the last middleware handed on, when it is what it was handed:
+        // the next middleware's snapshot, without taking it again.
+        let mut carried = None;
         loop {
-            if let Some((by, received)) = &next.received {
-                req.reconcile(by, received);
+            if let Some((by, received)) = next.received.take() {
+                if req.reconcile(&by, &received) {
+                    carried = Some(received);
+                }
             }
             let hook = Req::wrap_hook();
             let found = next.chain.as_ref().and_then(|chain| {
@@ -126,13 +131,20 @@ impl<Req: WrapRequest> Next<Req> {
             });
             let Some((entry, at)) = found else {
                 let recover = next.innermost.recover;
-                return call_innermost(next.innermost.take(), req, recover).await;
+                let Some(service) = next.innermost.take() else {
+                    return Err("the service below the wrap hooks is gone".into());
+                };
+                drop(next);
+                return call_innermost(service, req, recover).await;
             };
             let inner = Next {
                 chain: next.chain.clone(),
                 index: at + 1,
                 innermost: next.innermost.clone(),
-                received: Some((entry.name.clone(), req.snapshot())),
+                received: Some((
+                    entry.name.clone(),
+                    carried.take().unwrap_or_else(|| req.snapshot()),
+                )),
                 home: next.home,
             };
             let ctx = req.context().clone();
@@ -147,23 +159,24 @@ impl<Req: WrapRequest> Next<Req> {
                 }
             };
             match wrapped {
-                WrappedKind::NotOverridden(r, n) => {
+                WrappedKind::NotOverridden(r, mut n) => {
+                    // Handed on as it came: nothing to reconcile.
                     entry.learn_absent(hook);
+                    carried = n.received.take().map(|(_, snapshot)| snapshot);
                     req = r;
-                    next = Next {
-                        received: None,
-                        ..n
-                    };
+                    next = n;
                 }
                 WrappedKind::Next(r, n) => {
                     req = r;
                     next = n;
                 }
                 WrappedKind::Future(future) => {
+                    // The middleware holds the rest of the stack now.
+                    let home = next.home;
+                    drop(next);
                     let result = guarded(&ctx, &entry.name, hook, || future).await;
-                    return result.map_err(|err| {
-                        own_failure(&ctx, next.home, Req::link_error(err, &entry.name))
-                    });
+                    return result
+                        .map_err(|err| own_failure(&ctx, home, Req::link_error(err, &entry.name)));
                 }
             }
         }

@@ -205,8 +205,8 @@ pub(crate) mod sealed {
             Self: WrapRequest;
         fn snapshot(&self) -> Self::Snapshot;
         /// Called on the request middleware `by` hands to `next`, with what
-        /// it was handed itself.
-        fn reconcile(&mut self, by: &Arc<str>, received: &Self::Snapshot);
+        /// it was handed itself: `true` when it is handed on unchanged.
+        fn reconcile(&mut self, by: &Arc<str>, received: &Self::Snapshot) -> bool;
         fn callee(&self) -> Self::Name;
         /// What an error of the service below a lifecycle chain becomes: a
         /// tool's failure is an error result the middleware (and the model)
@@ -260,12 +260,14 @@ impl sealed::Plumbing for ModelCall {
 
     /// Tells a prompt-cache guard, if the run has one, that `by` changed the
     /// messages.
-    fn reconcile(&mut self, by: &Arc<str>, received: &History) {
-        if !History::ptr_eq(received, &self.request.messages) {
-            if let Some(watch) = watcher(&self.context) {
-                watch.record(by, received.clone(), &self.request.messages);
-            }
+    fn reconcile(&mut self, by: &Arc<str>, received: &History) -> bool {
+        if History::ptr_eq(received, &self.request.messages) {
+            return true;
         }
+        if let Some(watch) = watcher(&self.context) {
+            watch.record(by, received.clone(), &self.request.messages);
+        }
+        false
     }
 
     fn callee(&self) -> ModelName {
@@ -309,9 +311,12 @@ impl sealed::Plumbing for ToolInvocation {
 
     /// Keeps the argument text and the parsed arguments in step, whichever
     /// the middleware changed, and withdraws the approval when they changed.
-    fn reconcile(&mut self, _by: &Arc<str>, (text, args): &(String, Value)) {
+    fn reconcile(&mut self, _by: &Arc<str>, (text, args): &(String, Value)) -> bool {
         let text_changed = self.call.arguments != *text;
         let args_changed = self.args != *args;
+        if !text_changed && !args_changed {
+            return true;
+        }
         if text_changed && !args_changed {
             self.args = serde_json::from_str(&self.call.arguments).unwrap_or(Value::Null);
         } else if args_changed && !text_changed {
@@ -321,6 +326,7 @@ impl sealed::Plumbing for ToolInvocation {
         if changed {
             self.approved = false;
         }
+        false
     }
 
     fn callee(&self) -> String {

@@ -46,22 +46,6 @@ impl ModelRateLimitLayer {
         }
     }
 
-    /// The layer itself, which is its own builder.
-    #[deprecated(note = "the layer is its own builder: use `ModelRateLimitLayer::new()`")]
-    pub fn builder() -> Self {
-        Self::new()
-    }
-
-    /// The layer, once its limits are checked.
-    ///
-    /// # Errors
-    ///
-    /// As [`validate`](Self::validate).
-    #[deprecated(note = "the layer is its own builder; `validate()` checks the limits")]
-    pub fn build(self) -> Result<Self, AgentError> {
-        self.validate().map(|()| self)
-    }
-
     /// Changes the configuration: the layer gets a quota of its own.
     fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
         change(&mut self.config);

@@ -147,6 +147,36 @@ impl Limits {
     }
 }
 
+/// The setters both limit middleware share: the run and thread limits,
+/// `count_in_root` and the action on the limit.
+macro_rules! limit_setters {
+    ($what:literal, $action:ty) => {
+        #[doc = concat!("At most `max` ", $what, " per run.")]
+        pub fn run_limit(mut self, max: u32) -> Self {
+            self.limits.run = Some(max);
+            self
+        }
+
+        #[doc = concat!("At most `max` ", $what, " per thread, over every run of it.")]
+        pub fn thread_limit(mut self, max: u32) -> Self {
+            self.limits.thread = Some(max);
+            self
+        }
+
+        /// Whether a nested run's calls also count toward the root run's limit.
+        pub fn count_in_root(mut self, yes: bool) -> Self {
+            self.limits.in_root = yes;
+            self
+        }
+
+        /// What to do on the limit.
+        pub fn on_limit(mut self, action: $action) -> Self {
+            self.action = action;
+            self
+        }
+    };
+}
+
 /// What a [`ModelCallLimitMiddleware`] does on its limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ModelLimitAction {
@@ -195,29 +225,7 @@ impl ModelCallLimitMiddleware {
         }
     }
 
-    /// At most `max` model calls per run.
-    pub fn run_limit(mut self, max: u32) -> Self {
-        self.limits.run = Some(max);
-        self
-    }
-
-    /// At most `max` model calls per thread, over every run of it.
-    pub fn thread_limit(mut self, max: u32) -> Self {
-        self.limits.thread = Some(max);
-        self
-    }
-
-    /// Whether a nested run's calls also count toward the root run's limit.
-    pub fn count_in_root(mut self, yes: bool) -> Self {
-        self.limits.in_root = yes;
-        self
-    }
-
-    /// What to do on the limit.
-    pub fn on_limit(mut self, action: ModelLimitAction) -> Self {
-        self.action = action;
-        self
-    }
+    limit_setters!("model calls", ModelLimitAction);
 }
 
 impl Middleware for ModelCallLimitMiddleware {
@@ -308,29 +316,7 @@ impl ToolCallLimitMiddleware {
         }
     }
 
-    /// At most `max` calls per run.
-    pub fn run_limit(mut self, max: u32) -> Self {
-        self.limits.run = Some(max);
-        self
-    }
-
-    /// At most `max` calls per thread, over every run of it.
-    pub fn thread_limit(mut self, max: u32) -> Self {
-        self.limits.thread = Some(max);
-        self
-    }
-
-    /// Whether a nested run's calls also count toward the root run's limit.
-    pub fn count_in_root(mut self, yes: bool) -> Self {
-        self.limits.in_root = yes;
-        self
-    }
-
-    /// What to do on the limit.
-    pub fn on_limit(mut self, action: ToolLimitAction) -> Self {
-        self.action = action;
-        self
-    }
+    limit_setters!("calls", ToolLimitAction);
 
     fn what(&self) -> String {
         match &self.tool {

@@ -6,12 +6,11 @@ use std::future::Future;
 use std::sync::Arc;
 
 use serde_json::Value;
-use tokio::time::Instant;
 
 use super::inbox::Inbox;
 use super::Config;
 use crate::context::RunContext;
-use crate::error::{AgentError, BoxError, TimeoutSource};
+use crate::error::{AgentError, BoxError};
 use crate::hooks::{HookPort, StickyApprovals};
 use crate::request::DeltaSink;
 use crate::types::{AgentRun, Checkpoint, Counters, History, Message, PendingCall, RunStatus};
@@ -124,21 +123,7 @@ impl Run {
 
 /// Races `fut` against the run's cancellation and deadline.
 pub(super) async fn race<F: Future>(ctx: &RunContext, fut: F) -> Result<F::Output, AgentError> {
-    async fn until(deadline: Option<Instant>) {
-        match deadline {
-            Some(deadline) => tokio::time::sleep_until(deadline).await,
-            None => std::future::pending().await,
-        }
-    }
-    tokio::select! {
-        biased;
-        () = ctx.cancelled() => Err(AgentError::Cancelled),
-        () = until(ctx.deadline()) => Err(AgentError::Timeout {
-            timer: TimeoutSource::RunDeadline,
-            after: Some(ctx.elapsed()),
-        }),
-        out = fut => Ok(out),
-    }
+    ctx.race(fut).await
 }
 
 pub(super) fn classify(err: BoxError) -> AgentError {
