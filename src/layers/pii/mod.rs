@@ -184,13 +184,16 @@
 mod config;
 mod detect;
 mod engine;
+mod jwt;
 mod kind;
 mod layer;
 mod patterns;
+mod phone;
 mod scan;
 mod service;
 mod session;
 mod stream;
+mod url;
 mod validate;
 
 pub use config::{CustomDetector, PiiConfig, Strategy};
