@@ -128,7 +128,8 @@ impl Collector<'_> {
         if (w.colons >= 5 || w.dashes >= 5) && self.on(MAC) {
             self.run(text, w, MAC, &p.mac, patterns::check_mac);
         }
-        if w.dots >= 2 && w.len() >= 14 && self.on(MAC) {
+        // Dotted `aabb.ccdd.ee01`: always with a digit.
+        if w.dots >= 2 && w.digits >= 1 && w.len() >= 14 && self.on(MAC) {
             self.run(text, w, MAC, &p.mac_dotted, patterns::check_mac_dotted);
         }
         if w.digits >= 9 && w.dashes >= 2 && self.on(SSN) {
