@@ -17,6 +17,7 @@ struct Case {
 fn positives() -> Vec<Case> {
     include_str!("data/pii_corpus.jsonl")
         .lines()
+        .chain(include_str!("data/pii_formats.jsonl").lines())
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str::<Case>(l).expect("valid corpus line"))
         .filter(|c| c.value.is_some())
@@ -71,6 +72,54 @@ proptest! {
             prop_assert!(!joined.contains(value), "{value} leaked from {parts:?}");
         }
     }
+}
+
+/// Every value of both corpora, cut at one or two random points inside the
+/// value itself (seeded, so the cuts are the same on every run): the parts
+/// mask like the whole text, and no part keeps the value.
+#[test]
+fn every_corpus_value_split_inside_is_masked() {
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let engine = PiiEngine::default();
+    let mut split_values = 0;
+    for case in positives() {
+        let value = case.value.as_deref().unwrap();
+        let at = case.text.find(value).unwrap();
+        let inner: Vec<usize> = (at + 1..at + value.len())
+            .filter(|&i| case.text.is_char_boundary(i))
+            .collect();
+        if inner.is_empty() {
+            continue;
+        }
+        let mut cuts = vec![inner[next(inner.len())], inner[next(inner.len())]];
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut parts = Vec::new();
+        let mut last = 0;
+        for &cut in &cuts {
+            parts.push(&case.text[last..cut]);
+            last = cut;
+        }
+        parts.push(&case.text[last..]);
+        let whole = engine.session().mask(&case.text).unwrap().into_owned();
+        let Some(masked) = engine.session().mask_parts(&parts).unwrap() else {
+            // Not found as a whole either (the corpus test counts it).
+            assert_eq!(whole, case.text);
+            continue;
+        };
+        assert_eq!(masked.concat(), whole, "parts {parts:?}");
+        for part in &masked {
+            assert!(!part.contains(value), "{value} leaked from {parts:?}");
+        }
+        split_values += 1;
+    }
+    assert!(split_values > 900, "{split_values}");
 }
 
 #[test]

@@ -130,16 +130,58 @@ fn ipv6() -> impl Strategy<Value = String> {
 }
 
 fn mac() -> impl Strategy<Value = String> {
-    (any::<[u8; 6]>(), any::<bool>(), any::<bool>()).prop_map(|(o, colon, upper)| {
-        let sep = if colon { ":" } else { "-" };
-        let s: Vec<String> = o.iter().map(|b| format!("{b:02x}")).collect();
-        let s = s.join(sep);
-        if upper {
-            s.to_uppercase()
-        } else {
-            s
+    (any::<[u8; 6]>(), 0..3u8, any::<bool>())
+        .prop_map(|(o, style, upper)| {
+            let hex: Vec<String> = o.iter().map(|b| format!("{b:02x}")).collect();
+            let s = match style {
+                0 => hex.join(":"),
+                1 => hex.join("-"),
+                // Dotted: three groups of four.
+                _ => hex
+                    .chunks(2)
+                    .map(|g| g.concat())
+                    .collect::<Vec<_>>()
+                    .join("."),
+            };
+            if upper {
+                s.to_uppercase()
+            } else {
+                s
+            }
+        })
+        // Documented: a dotted MAC address holds a digit and a letter.
+        .prop_filter("dotted with a digit and a letter", |s| {
+            !s.contains('.')
+                || (s.bytes().any(|b| b.is_ascii_digit())
+                    && s.bytes().any(|b| b.is_ascii_alphabetic()))
+        })
+}
+
+/// Unpadded base64url, as JWTs are written.
+fn b64url(raw: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in raw.chunks(3) {
+        let n = chunk.iter().fold(0u32, |n, &b| n << 8 | u32::from(b)) << (8 * (3 - chunk.len()));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ABC[(n >> (18 - 6 * i) & 63) as usize]));
         }
-    })
+    }
+    out
+}
+
+/// A JWT whose header is JSON naming an `alg`, with random claims and
+/// signature segments.
+fn jwt() -> impl Strategy<Value = String> {
+    (
+        prop::sample::select(vec!["HS256", "RS256", "ES384", "PS512", "EdDSA", "none"]),
+        "[A-Za-z0-9_-]{5,40}",
+        "[A-Za-z0-9_-]{10,40}",
+    )
+        .prop_map(|(alg, claims, sig)| {
+            let header = b64url(format!(r#"{{"alg":"{alg}","typ":"JWT"}}"#).as_bytes());
+            format!("{header}.{claims}.{sig}")
+        })
 }
 
 /// No run of six identical characters: that is how placeholders such as
@@ -155,8 +197,7 @@ fn secret() -> impl Strategy<Value = (PiiKind, String)> {
         "(AKIA|ASIA)[A-Z2-7]{16}".prop_map(|s| (PiiKind::AwsAccessKeyId, s)),
         "gh[pousr]_[A-Za-z0-9]{36}".prop_map(|s| (PiiKind::GithubToken, s)),
         "sk-(proj-)?[A-Za-z0-9_-]{10,40}[0-9][A-Za-z0-9]{10,20}".prop_map(|s| (PiiKind::ApiKey, s)),
-        "eyJ[A-Za-z0-9_-]{10,40}\\.[A-Za-z0-9_-]{5,40}\\.[A-Za-z0-9_-]{10,40}"
-            .prop_map(|s| (PiiKind::Jwt, s)),
+        jwt().prop_map(|s| (PiiKind::Jwt, s)),
     ]
     .prop_filter("placeholder-like", |(_, s)| no_long_run(s))
 }

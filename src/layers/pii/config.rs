@@ -5,7 +5,7 @@ use std::{collections::HashMap, fmt, ops::Range, sync::Arc};
 
 use regex::Regex;
 
-use super::kind::PiiKind;
+use super::kind::{PiiKind, BUILTIN_COUNT};
 
 /// What masking does with one detected value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -150,7 +150,7 @@ impl fmt::Debug for CustomDetector {
 #[derive(Debug, Clone)]
 pub struct PiiConfig {
     /// Enabled built-in kinds, by [`PiiKind::builtin_index`].
-    enabled: [bool; 13],
+    enabled: [bool; BUILTIN_COUNT],
     default_strategy: Strategy,
     overrides: HashMap<PiiKind, Strategy>,
     custom: Vec<CustomDetector>,
@@ -168,7 +168,7 @@ impl PiiConfig {
     /// detectors, empty hash salt.
     pub fn new() -> Self {
         PiiConfig {
-            enabled: [true; 13],
+            enabled: [true; BUILTIN_COUNT],
             default_strategy: Strategy::Mask,
             overrides: HashMap::new(),
             custom: Vec::new(),
@@ -180,7 +180,7 @@ impl PiiConfig {
     /// [`kinds`](Self::kinds), or use custom detectors only.
     pub fn empty() -> Self {
         PiiConfig {
-            enabled: [false; 13],
+            enabled: [false; BUILTIN_COUNT],
             ..Self::new()
         }
     }
@@ -188,7 +188,7 @@ impl PiiConfig {
     /// Enables exactly the given built-in kinds (custom kinds in the list are
     /// ignored; custom detectors are added with [`custom`](Self::custom)).
     pub fn kinds(mut self, kinds: impl IntoIterator<Item = PiiKind>) -> Self {
-        self.enabled = [false; 13];
+        self.enabled = [false; BUILTIN_COUNT];
         for kind in kinds {
             self = self.enable(kind);
         }
@@ -291,7 +291,7 @@ mod tests {
             .strategy(PiiKind::Email, Strategy::Hash);
         assert_eq!(c.strategy_for(&PiiKind::Email), Strategy::Hash);
         assert_eq!(c.strategy_for(&PiiKind::Phone), Strategy::Redact);
-        assert_eq!(c.enabled_kinds().count(), 13);
+        assert_eq!(c.enabled_kinds().count(), 14);
         assert_eq!(Strategy::default(), Strategy::Mask);
     }
 

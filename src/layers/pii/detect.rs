@@ -7,9 +7,12 @@ use regex::Regex;
 
 use super::{
     config::PiiConfig,
-    kind::{Detection, PiiKind},
-    patterns::{self, Checked, PhoneShape, SecretKind},
+    jwt,
+    kind::{Detection, PiiKind, BUILTIN_COUNT},
+    patterns::{self, Checked, SecretKind},
+    phone::{self, PhoneShape},
     scan::{for_each_window, Window},
+    url,
 };
 
 // Indices of the built-in kinds, as in `PiiKind::builtin_index`.
@@ -26,17 +29,20 @@ const GITHUB: usize = 9;
 const API_KEY: usize = 10;
 const JWT: usize = 11;
 const PEM: usize = 12;
+const SECRET: usize = 13;
 
 /// Tie-break rank of a built-in kind when two overlapping candidates have the
 /// same length (lower wins): secrets first, then custom kinds (ranks
 /// `CUSTOM_RANK + i`), then the structured kinds, most specific first.
-const BUILTIN_RANK: [u32; 13] = {
-    let mut r = [0u32; 13];
+const BUILTIN_RANK: [u32; BUILTIN_COUNT] = {
+    let mut r = [0u32; BUILTIN_COUNT];
     r[PEM] = 0;
     r[JWT] = 1;
     r[AWS] = 2;
     r[GITHUB] = 3;
     r[API_KEY] = 4;
+    // A URL credential that is also a known token is typed as the token.
+    r[SECRET] = 5;
     r[EMAIL] = STRUCTURED_RANK;
     r[IBAN] = STRUCTURED_RANK + 1;
     r[CARD] = STRUCTURED_RANK + 2;
@@ -55,7 +61,8 @@ const STRUCTURED_RANK: u32 = u32::MAX - 16;
 struct Candidate {
     range: Range<usize>,
     rank: u32,
-    /// Built-in index (< 13) or `13 + custom detector index`.
+    /// Built-in index (< `BUILTIN_COUNT`) or `BUILTIN_COUNT + custom
+    /// detector index`.
     kind: usize,
 }
 
@@ -68,8 +75,8 @@ struct Collector<'c> {
 impl Collector<'_> {
     fn push(&mut self, kind: usize, range: Range<usize>) {
         let rank = match kind {
-            k if k < 13 => BUILTIN_RANK[k],
-            k => CUSTOM_RANK + (k - 13) as u32,
+            k if k < BUILTIN_COUNT => BUILTIN_RANK[k],
+            k => CUSTOM_RANK + (k - BUILTIN_COUNT) as u32,
         };
         self.out.push(Candidate { range, rank, kind });
     }
@@ -121,6 +128,10 @@ impl Collector<'_> {
         if (w.colons >= 5 || w.dashes >= 5) && self.on(MAC) {
             self.run(text, w, MAC, &p.mac, patterns::check_mac);
         }
+        // Dotted `aabb.ccdd.ee01`: always with a digit.
+        if w.dots >= 2 && w.digits >= 1 && w.len() >= 14 && self.on(MAC) {
+            self.run(text, w, MAC, &p.mac_dotted, patterns::check_mac_dotted);
+        }
         if w.digits >= 9 && w.dashes >= 2 && self.on(SSN) {
             self.run(text, w, SSN, &p.ssn, patterns::check_ssn);
         }
@@ -131,20 +142,19 @@ impl Collector<'_> {
         if w.digits >= 8 && self.on(PHONE) {
             // Cheap facts of the window rule out most phone shapes: national
             // numbers are always written with separators.
-            let separated = w.spaces + w.dots + w.dashes + w.parens > 0;
+            let separated = w.spaces + w.dots + w.dashes + w.slashes + w.parens > 0;
             for (re, shape, possible) in [
                 (&p.phone_intl, PhoneShape::International, w.plus > 0),
-                (&p.phone_nanp, PhoneShape::NorthAmerican, separated),
                 (
-                    &p.phone_trunk,
-                    PhoneShape::Trunk,
+                    &p.phone_dialled,
+                    PhoneShape::Dialled,
                     separated && w.zero_groups > 0,
                 ),
+                (&p.phone_nanp, PhoneShape::NorthAmerican, separated),
+                (&p.phone_national, PhoneShape::National, separated),
             ] {
                 if possible {
-                    self.run(text, w, PHONE, re, |t, r| {
-                        patterns::check_phone(t, r, shape)
-                    });
+                    self.run(text, w, PHONE, re, |t, r| phone::check_phone(t, r, shape));
                 }
             }
         }
@@ -154,7 +164,10 @@ impl Collector<'_> {
     }
 
     fn secrets(&mut self, text: &str) {
-        if ![AWS, GITHUB, API_KEY, JWT, PEM].iter().any(|&k| self.on(k)) {
+        if ![AWS, GITHUB, API_KEY, JWT, PEM, SECRET]
+            .iter()
+            .any(|&k| self.on(k))
+        {
             return;
         }
         let p = patterns::patterns();
@@ -170,7 +183,19 @@ impl Collector<'_> {
                     patterns::pem_block(text, m.range(), &p.pem_end, next_end, limit)
                         .map(|r| (PEM, r))
                 }
-                SecretKind::Jwt => Some((JWT, m.range())),
+                SecretKind::Jwt => jwt::check_jwt(text, m.range()).map(|r| (JWT, r)),
+                SecretKind::Url => {
+                    // The credentials are pushed here; the tokens inside the
+                    // URL are found as the search goes on from `://`.
+                    if self.on(SECRET) {
+                        let mut found = Vec::new();
+                        url::credentials(text, m.start(), |r| found.push(r));
+                        for r in found {
+                            self.push(SECRET, r);
+                        }
+                    }
+                    None
+                }
                 SecretKind::Aws => patterns::check_token(text, m.range()).map(|r| (AWS, r)),
                 SecretKind::Github => patterns::check_token(text, m.range()).map(|r| (GITHUB, r)),
                 SecretKind::ApiKey => {
@@ -224,7 +249,9 @@ pub(crate) fn detect(config: &PiiConfig, text: &str) -> Vec<Detection> {
     // a token) cannot hold a structured value that would win against it, so
     // it is skipped. Secrets are found in text order.
     c.secrets(text);
-    let secrets: Vec<Range<usize>> = c.out.iter().map(|s| s.range.clone()).collect();
+    // (A URL's credentials come before the tokens inside it: sort.)
+    let mut secrets: Vec<Range<usize>> = c.out.iter().map(|s| s.range.clone()).collect();
+    secrets.sort_unstable_by_key(|r| r.start);
     let mut next_secret = 0;
     let outside_secrets = |start: usize, end: usize| {
         while next_secret < secrets.len() && secrets[next_secret].end <= start {
@@ -239,15 +266,15 @@ pub(crate) fn detect(config: &PiiConfig, text: &str) -> Vec<Detection> {
         let mut found = Vec::new();
         d.find(text, |r| found.push(r));
         for r in found {
-            c.push(13 + i, r);
+            c.push(BUILTIN_COUNT + i, r);
         }
     }
     resolve(c.out)
         .into_iter()
         .map(|cand| Detection {
             kind: match cand.kind {
-                k if k < 13 => PiiKind::builtin()[k].clone(),
-                k => config.custom_detectors()[k - 13].kind(),
+                k if k < BUILTIN_COUNT => PiiKind::builtin()[k].clone(),
+                k => config.custom_detectors()[k - BUILTIN_COUNT].kind(),
             },
             range: cand.range,
         })

@@ -30,7 +30,8 @@ pub enum PiiKind {
     Ipv4,
     /// An IPv6 address, full or compressed. Label `IPV6`.
     Ipv6,
-    /// A 48-bit MAC address `aa:bb:cc:dd:ee:ff` / `AA-BB-CC-DD-EE-FF`. Label `MAC`.
+    /// A 48-bit MAC address: `aa:bb:cc:dd:ee:ff`, `AA-BB-CC-DD-EE-FF` or
+    /// the dotted `aabb.ccdd.eeff`. Label `MAC`.
     Mac,
     /// An AWS access key id (`AKIA…` / `ASIA…`). Label `AWS_KEY`.
     AwsAccessKeyId,
@@ -40,21 +41,30 @@ pub enum PiiKind {
     /// An API secret key in the `sk-…` / `sk-proj-…` style (also Stripe's
     /// `sk_live_…`). Label `API_KEY`.
     ApiKey,
-    /// A JSON Web Token: three base64url segments, the first starting `eyJ`.
-    /// Label `JWT`.
+    /// A JSON Web Token: three base64url segments whose first, the header,
+    /// decodes to a JSON object naming an `alg`. Label `JWT`.
     Jwt,
     /// A PEM private-key block, from `-----BEGIN … PRIVATE KEY-----` to the
     /// matching `-----END … PRIVATE KEY-----` line (or to the end of the key
     /// material when the block is truncated). Label `PRIVATE_KEY`.
     PrivateKey,
+    /// A credential inside a URL that has no format of its own: the
+    /// password of the userinfo (`postgres://app:s3cr3t@db/orders`) or the
+    /// value of a credential query parameter (`?token=…`, `?api_key=…`,
+    /// `?password=…`, …). A value that is a known token (`ghp_…`, `sk-…`, a
+    /// JWT) keeps its own kind. Label `SECRET`.
+    Secret,
     /// A kind found by a [custom detector](super::CustomDetector), identified
     /// by its name. Its label is the name upper-cased, with every character
     /// other than `A-Z`, `0-9` and `_` replaced by `_` (`CUSTOM` if empty).
     Custom(Arc<str>),
 }
 
+/// How many built-in kinds there are.
+pub(crate) const BUILTIN_COUNT: usize = 14;
+
 /// The built-in kinds, in declaration order.
-static BUILTIN: [PiiKind; 13] = [
+static BUILTIN: [PiiKind; BUILTIN_COUNT] = [
     PiiKind::Email,
     PiiKind::Phone,
     PiiKind::CreditCard,
@@ -68,10 +78,11 @@ static BUILTIN: [PiiKind; 13] = [
     PiiKind::ApiKey,
     PiiKind::Jwt,
     PiiKind::PrivateKey,
+    PiiKind::Secret,
 ];
 
 /// Labels of the built-in kinds, indexed like [`BUILTIN`].
-const LABELS: [&str; 13] = [
+const LABELS: [&str; BUILTIN_COUNT] = [
     "EMAIL",
     "PHONE",
     "CREDIT_CARD",
@@ -85,6 +96,7 @@ const LABELS: [&str; 13] = [
     "API_KEY",
     "JWT",
     "PRIVATE_KEY",
+    "SECRET",
 ];
 
 impl PiiKind {
@@ -147,6 +159,7 @@ impl PiiKind {
             PiiKind::ApiKey => 10,
             PiiKind::Jwt => 11,
             PiiKind::PrivateKey => 12,
+            PiiKind::Secret => 13,
             PiiKind::Custom(_) => return None,
         })
     }

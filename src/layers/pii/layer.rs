@@ -6,8 +6,10 @@ use std::sync::{Arc, OnceLock};
 use regex::Regex;
 use tower::Layer;
 
+use super::config::{CustomDetector, PiiConfig, Strategy};
+use super::engine::PiiEngine;
+use super::kind::PiiKind;
 use super::service::MaskPii;
-use super::{CustomDetector, PiiConfig, PiiEngine, PiiKind, Strategy};
 use crate::error::AgentError;
 
 /// Applies [`MaskPii`] to a model service. See the [module docs](super).

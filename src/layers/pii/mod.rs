@@ -62,18 +62,19 @@
 //! | Kind | Label | Recognised |
 //! |---|---|---|
 //! | [`Email`](PiiKind::Email) | `EMAIL` | `jane.doe+tag@mail.example.co.uk` |
-//! | [`Phone`](PiiKind::Phone) | `PHONE` | `+44 20 7946 0958`, `+1-202-555-0143`, `(202) 555-0143`, `202.555.0143`, `020 7946 0958`, `06 12 34 56 78` |
+//! | [`Phone`](PiiKind::Phone) | `PHONE` | international: `+44 20 7946 0958`, `+44 (0)20 7946 0958`, `+1-202-555-0143`, `+33.1.23.45.67.89`, `+12025550143`, `0044 20 7946 0958`; national: `(202) 555-0143`, `202.555.0143`, `020 7946 0958`, `06 12 34 56 78`, `030/1234567`, `012.34.56.78`, `08-12 34 56`, `8 (912) 345-67-89`, `(11) 96123-4567`, `131 2345 6789` |
 //! | [`CreditCard`](PiiKind::CreditCard) | `CREDIT_CARD` | 13–19 digits, optionally grouped by single spaces or dashes, Luhn-valid |
 //! | [`Iban`](PiiKind::Iban) | `IBAN` | `GB82 WEST 1234 5698 7654 32`: known country length, mod-97-valid |
 //! | [`UsSsn`](PiiKind::UsSsn) | `SSN` | `ddd-dd-dddd`, not area 000/666/9xx, group 00 or serial 0000 |
 //! | [`Ipv4`](PiiKind::Ipv4) | `IPV4` | dotted quads with octets 0–255 (not `1.2.3.4.5`, `v1.2.3.4`, `version 1.2.3.4`) |
 //! | [`Ipv6`](PiiKind::Ipv6) | `IPV6` | full and compressed forms (`2001:db8::1`, `::1`), checked by [`std::net::Ipv6Addr`] |
-//! | [`Mac`](PiiKind::Mac) | `MAC` | `aa:bb:cc:dd:ee:ff`, `AA-BB-CC-DD-EE-FF` |
+//! | [`Mac`](PiiKind::Mac) | `MAC` | `aa:bb:cc:dd:ee:ff`, `AA-BB-CC-DD-EE-FF`, `aabb.ccdd.ee01` (dotted: with a digit and a letter) |
 //! | [`AwsAccessKeyId`](PiiKind::AwsAccessKeyId) | `AWS_KEY` | `AKIA…`/`ASIA…` + 16 capitals or digits |
 //! | [`GithubToken`](PiiKind::GithubToken) | `GITHUB_TOKEN` | `ghp_`/`gho_`/`ghu_`/`ghs_`/`ghr_` + 36 alphanumerics, `github_pat_…` |
 //! | [`ApiKey`](PiiKind::ApiKey) | `API_KEY` | `sk-…`/`sk-proj-…` with ≥ 20 more characters, `sk_live_…` |
-//! | [`Jwt`](PiiKind::Jwt) | `JWT` | three base64url segments, the first starting `eyJ` |
+//! | [`Jwt`](PiiKind::Jwt) | `JWT` | three base64url segments, the first (the header) decoding to a JSON object with an `alg` |
 //! | [`PrivateKey`](PiiKind::PrivateKey) | `PRIVATE_KEY` | PEM `-----BEGIN … PRIVATE KEY-----` … `-----END … PRIVATE KEY-----` blocks |
+//! | [`Secret`](PiiKind::Secret) | `SECRET` | inside a URL: the userinfo's password (`redis://app:s3cr3t@cache`), a credential query parameter's value (`?token=…`, `?api_key=…`, `?password=…`, `?sig=…`); a known token there keeps its own kind |
 //! | [`Custom`](PiiKind::Custom) | the name, upper-cased | [`CustomDetector`]: a named regex or function |
 //!
 //! Things that look like numbers but are not personal data are deliberately
@@ -81,7 +82,9 @@
 //! hashes, and **UUIDs** (they identify records, not people, and masking them
 //! would break tool calls that pass them around). Detection favours
 //! structure and checksums over guesswork; a number without separators is a
-//! phone number only when it starts with `+`.
+//! phone number only when it starts with `+`. A value is reported as one
+//! kind only: a card number grouped like a phone number is a card, an
+//! e-mail-shaped `token@host` in a URL's userinfo is the token.
 //!
 //! # Strategies
 //!
@@ -126,13 +129,19 @@
 //!
 //! * Detection is pattern-based: names, postal addresses and free-form
 //!   identifiers are not found (add [`CustomDetector`]s for your own ids).
-//! * Phone numbers are found in the international form (`+` and a country
-//!   code) and in the national forms listed above; other national layouts
-//!   without a `+` (e.g. `612 345 678`) and vanity numbers are not.
+//! * Phone numbers are found in the international forms (`+` or `00` and a
+//!   country code) for every country, and in the national forms of countries
+//!   that write a trunk prefix (`0`, Russia's `8`), of North America, of
+//!   Brazil and of Chinese mobiles. National numbers of countries without a
+//!   trunk prefix (Spain's `612 345 678`, Singapore's `6123 4567`), national
+//!   numbers without separators, eight-digit national numbers in one
+//!   uniform layout (`022-62447`) and vanity numbers are not found.
 //! * E-mail domains must be ASCII (punycode); local parts may use Latin,
 //!   Greek and Cyrillic letters. IBANs must be upper-case. An IPv6 address
-//!   must contain a decimal digit (keeps `dead::beef`-like identifiers out).
-//!   MAC addresses in Cisco's dotted form (`aabb.ccdd.eeff`) are not found.
+//!   must contain a decimal digit (keeps `dead::beef`-like identifiers out),
+//!   and so must a dotted MAC address, which must contain a letter too.
+//! * [`Secret`](PiiKind::Secret)s are found inside URLs only (after a
+//!   `://`); a `password=…` in a configuration file is not.
 //! * Documentation placeholders are not secrets: `sk-XXXX…`, `ghp_xxxx…`
 //!   (a run of six identical characters) and PEM blocks without base64 key
 //!   material are skipped.
@@ -184,13 +193,16 @@
 mod config;
 mod detect;
 mod engine;
+mod jwt;
 mod kind;
 mod layer;
 mod patterns;
+mod phone;
 mod scan;
 mod service;
 mod session;
 mod stream;
+mod url;
 mod validate;
 
 pub use config::{CustomDetector, PiiConfig, Strategy};

@@ -10,7 +10,7 @@ use std::{ops::Range, sync::OnceLock};
 
 use regex::Regex;
 
-use super::validate;
+use super::{url, validate};
 
 /// Outcome of a check: the accepted range, or where to search again.
 pub(crate) type Checked = Result<Range<usize>, usize>;
@@ -25,10 +25,13 @@ pub(crate) struct Patterns {
     pub(crate) ssn: Regex,
     pub(crate) card: Regex,
     pub(crate) iban: Regex,
+    pub(crate) mac_dotted: Regex,
     pub(crate) phone_intl: Regex,
+    pub(crate) phone_dialled: Regex,
     pub(crate) phone_nanp: Regex,
-    pub(crate) phone_trunk: Regex,
-    /// All literal-prefixed secrets in one regex, so the text is searched once
+    pub(crate) phone_national: Regex,
+    /// All literal-prefixed secrets in one regex, and the `://` of URLs, so
+    /// the text is searched once
     /// (the regex crate finds the literal prefixes with a SIMD prefilter).
     pub(crate) secrets: Regex,
     /// The end line of a PEM private-key block, anchored at its start.
@@ -49,16 +52,21 @@ pub(crate) fn patterns() -> &'static Patterns {
                 r"[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,8}(?:\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3})?",
             ),
             mac: re(r"[0-9A-Fa-f]{2}[:\-][0-9A-Fa-f]{2}(?:[:\-][0-9A-Fa-f]{2}){4}"),
+            mac_dotted: re(r"[0-9A-Fa-f]{4}\.[0-9A-Fa-f]{4}\.[0-9A-Fa-f]{4}"),
             ssn: re(r"[0-9]{3}-[0-9]{2}-[0-9]{4}"),
             card: re(r"[0-9]{13,19}|[0-9]{4}(?:[ \-][0-9]{3,6}){2,4}"),
             iban: re(r"[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?"),
             phone_intl: re(r"\+[0-9]{1,3}(?:[ .\-]?(?:\([0-9]{1,4}\)|[0-9]{1,12})){1,6}"),
+            phone_dialled: re(r"00[1-9][0-9]{0,2}(?:[ .\-][0-9]{1,12}){1,6}"),
             phone_nanp: re(
                 r"(?:1[ .\-])?(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}[ .\-])[2-9][0-9]{2}[ .\-][0-9]{4}",
             ),
-            phone_trunk: re(
-                r"(?:\(0[1-9][0-9]{0,4}\) ?|0[1-9][0-9]{0,4}[ .\-])[0-9]{2,8}(?:[ .\-][0-9]{2,8}){0,3}",
-            ),
+            phone_national: re(concat!(
+                r"(?:\(0[1-9][0-9]{0,4}(?: [0-9]{1,2})?\) ?|0[1-9][0-9]{0,4}[ .\-/]",
+                r"|8 ?\([0-9]{3,5}\) ?|8[ \-][0-9]{3,5}[ \-]|\([1-9][0-9]\) ?)",
+                r"[0-9]{2,10}(?:[ .\-][0-9]{2,8}){0,3}",
+                r"|1[3-9][0-9][ \-][0-9]{4}[ \-][0-9]{4}",
+            )),
             secrets: re(concat!(
                 r"(?-u:\b)(?:",
                 r"sk-[A-Za-z0-9_\-]{20,}",
@@ -69,6 +77,8 @@ pub(crate) fn patterns() -> &'static Patterns {
                 r"|eyJ[A-Za-z0-9_\-]{7,}\.[A-Za-z0-9_\-]{2,}\.[A-Za-z0-9_\-]*",
                 r")",
                 r"|-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----",
+                // A URL, for the credentials inside it.
+                r"|://",
             )),
             pem_end: re(r"\A-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"),
         }
@@ -79,19 +89,19 @@ pub(crate) fn patterns() -> &'static Patterns {
 // Context helpers.
 
 #[inline]
-fn is_word(b: u8) -> bool {
+pub(super) fn is_word(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_'
 }
 
 /// The byte `k` positions before `i` (`k >= 1`).
 #[inline]
-fn before(t: &[u8], i: usize, k: usize) -> Option<u8> {
+pub(super) fn before(t: &[u8], i: usize, k: usize) -> Option<u8> {
     i.checked_sub(k).map(|j| t[j])
 }
 
 /// The byte `k` positions after the end `e` (`k = 0` is the byte at `e`).
 #[inline]
-fn after(t: &[u8], e: usize, k: usize) -> Option<u8> {
+pub(super) fn after(t: &[u8], e: usize, k: usize) -> Option<u8> {
     t.get(e + k).copied()
 }
 
@@ -129,13 +139,13 @@ fn past_word(t: &[u8], start: usize) -> usize {
 }
 
 /// Counts the ASCII digits of `s`.
-fn digits(s: &[u8]) -> usize {
+pub(super) fn digits(s: &[u8]) -> usize {
     s.iter().filter(|b| b.is_ascii_digit()).count()
 }
 
 /// The separators (non-digit, non-paren bytes) of a grouped number, if they
 /// are all the same byte. `Ok(None)` when there is no separator at all.
-fn uniform_separator(s: &[u8]) -> Result<Option<u8>, ()> {
+pub(super) fn uniform_separator(s: &[u8]) -> Result<Option<u8>, ()> {
     let mut sep = None;
     for &b in s {
         if b.is_ascii_digit() || matches!(b, b'(' | b')' | b'+') {
@@ -172,8 +182,9 @@ pub(crate) fn check_email(text: &str, r: Range<usize>) -> Checked {
     if after(t, r.end, 0).is_some_and(|n| is_word(n) || n == b'-' || n == b'@') {
         return Err(retry);
     }
-    // `https://token@github.com/…`: URL credentials, not an address.
-    if start >= 2 && &t[start - 2..start] == b"//" {
+    // `https://token@github.com/…`, `postgres://app:pw@db/…`: the userinfo
+    // of a URL, credentials rather than an address.
+    if url::in_userinfo(t, start) {
         return Err(retry);
     }
     // `git@github.com:org/repo.git`: an SSH target.
@@ -274,6 +285,20 @@ pub(crate) fn check_mac(text: &str, r: Range<usize>) -> Checked {
     }
 }
 
+/// The dotted notation `aabb.ccdd.eeff`: free on both sides, and with a
+/// digit and a letter among its hex digits (all-decimal groups are lot and
+/// version numbers, all-letter groups are words: `face.bead.cafe`).
+pub(crate) fn check_mac_dotted(text: &str, r: Range<usize>) -> Checked {
+    let t = text.as_bytes();
+    let s = &t[r.clone()];
+    let mixed = s.iter().any(u8::is_ascii_digit) && s.iter().any(u8::is_ascii_alphabetic);
+    if mixed && left_free(t, r.start, b".:-") && right_free(t, r.end, b".:-") {
+        Ok(r)
+    } else {
+        Err(r.start + 1)
+    }
+}
+
 pub(crate) fn check_ssn(text: &str, r: Range<usize>) -> Checked {
     let t = text.as_bytes();
     let s = &t[r.clone()];
@@ -360,81 +385,11 @@ pub(crate) fn check_iban(text: &str, r: Range<usize>) -> Checked {
     Ok(r.start..end)
 }
 
-/// Which phone pattern matched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PhoneShape {
-    /// `+` and a country code.
-    International,
-    /// North American `(202) 555-0143`, `202-555-0143`.
-    NorthAmerican,
-    /// A national number with a trunk `0`: `020 7946 0958`, `06 12 34 56 78`.
-    Trunk,
-}
-
-pub(crate) fn check_phone(text: &str, r: Range<usize>, shape: PhoneShape) -> Checked {
-    let t = text.as_bytes();
-    let s = &t[r.clone()];
-    let retry = r.start + 1;
-    let left_ok = match before(t, r.start, 1) {
-        None => true,
-        Some(p) if is_word(p) || p == b'+' => false,
-        Some(b' ' | b'.' | b'-' | b'/') => {
-            !before(t, r.start, 2).is_some_and(|q| q.is_ascii_digit())
-        }
-        Some(_) => true,
-    };
-    let right_ok = match after(t, r.end, 0) {
-        None => true,
-        Some(n) if is_word(n) => false,
-        Some(b'.' | b'-' | b'/') => !after(t, r.end, 1).is_some_and(|q| q.is_ascii_digit()),
-        Some(_) => true,
-    };
-    if !left_ok || !right_ok {
-        return Err(retry);
-    }
-    let ok = match shape {
-        PhoneShape::International => {
-            let trunk = text[r.clone()].contains("(0)");
-            let n = digits(s) - usize::from(trunk);
-            (8..=15).contains(&n)
-        }
-        PhoneShape::NorthAmerican => {
-            // The separators after the area code and the exchange agree,
-            // unless the area code is in parentheses.
-            let body = if s.starts_with(b"1") && !s.starts_with(b"1(") {
-                &s[2..]
-            } else {
-                s
-            };
-            body[0] == b'(' || body[3] == body[7]
-        }
-        PhoneShape::Trunk => {
-            let body = match s.iter().position(|&b| b == b')') {
-                Some(p) if s[0] == b'(' => &s[p + 1..],
-                _ => s,
-            };
-            let body = body.strip_prefix(b" ").unwrap_or(body);
-            let n = digits(s);
-            match uniform_separator(body) {
-                Err(()) => false,
-                Ok(Some(b'.')) => {
-                    n == 10 && body.split(|&b| b == b'.').all(|g| g.len() == 2) && s[0] != b'('
-                }
-                Ok(_) => (9..=12).contains(&n),
-            }
-        }
-    };
-    if ok {
-        Ok(r)
-    } else {
-        Err(retry)
-    }
-}
-
 /// Which secret a match of [`Patterns::secrets`] is, from its first bytes.
 pub(crate) fn secret_kind(m: &[u8]) -> SecretKind {
     match m {
         [b'-', ..] => SecretKind::PrivateKey,
+        [b':', ..] => SecretKind::Url,
         [b'e', ..] => SecretKind::Jwt,
         [b'A', ..] => SecretKind::Aws,
         [b'g', ..] => SecretKind::Github,
@@ -450,6 +405,8 @@ pub(crate) enum SecretKind {
     Aws,
     Jwt,
     PrivateKey,
+    /// The `://` of a URL.
+    Url,
 }
 
 /// Accepts a random token (AWS, GitHub, API key) unless it is a documentation

@@ -374,3 +374,115 @@ fn consecutive_and_truncated_pem_blocks() {
         ]
     );
 }
+
+#[test]
+fn phone_layouts_people_write() {
+    assert_finds(
+        PiiKind::Phone,
+        &[
+            "+44.20.7946.0958",
+            "+81 3-1234-5678",
+            "+49 (0)30 123456",
+            "0044 20 7946 0958",
+            "00353 22 123456",
+            "030/1234567",
+            "0171/1234567",
+            "0450/12 34 56",
+            "0121.234.5678",
+            "012.34.56.78",
+            "08-12 34 56",
+            "(022) 12345",
+            "(0212) 345 67 89",
+            "(06 1) 234 5678",
+            "011 15-2345-6789",
+            "8 (912) 345-67-89",
+            "8-912-345-67-89",
+            "(11) 96123-4567",
+            "131 2345 6789",
+        ],
+    );
+    assert_clean(&[
+        // 12 is no country calling code.
+        "0012 3456 7890",
+        "05/03/2024",
+        "2024/03/05",
+        "05 03 2024",
+        "release 0.12.3",
+        "route 030/12",
+        "8 912 345",
+        "(11) 2345 678",
+    ]);
+}
+
+#[test]
+fn dotted_macs_need_a_digit_and_a_letter() {
+    assert_finds(PiiKind::Mac, &["0011.22aa.bbcc", "AABB.CCDD.EE01"]);
+    assert_clean(&[
+        "face.bead.cafe",
+        "Lot 2024.0312.0001",
+        "aabb.ccdd.ee01.2233",
+        "x.aabb.ccdd.ee01",
+        "aabb.ccdd",
+    ]);
+}
+
+#[test]
+fn jwts_are_told_by_their_header() {
+    // {"typ":"JWT"} and {"alg":256}: no alg, so no token.
+    assert_clean(&[
+        "eyJ0eXAiOiJKV1QifQ.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        "eyJhbGciOjI1Nn0.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    ]);
+    // {"alg":"none"}, unsigned.
+    assert_finds(
+        PiiKind::Jwt,
+        &["eyJhbGciOiJub25lIn0.eyJzdWIiOiIxMjM0NTY3ODkwIn0."],
+    );
+}
+
+#[test]
+fn secrets_inside_urls_keep_their_own_kind() {
+    let token = "ghp_16C7e42F292c6912E7710c838347Ae178B4a";
+    for text in [
+        format!("https://{token}@github.com/org/repo.git"),
+        format!("https://x-access-token:{token}@github.com/org/repo.git"),
+        format!("https://ci.example.com/hook?token={token}&x=1"),
+    ] {
+        assert_eq!(found(&text), [(PiiKind::GithubToken, token)], "{text}");
+    }
+    assert_eq!(
+        found("DATABASE_URL=postgres://app:S3c!r3t-9@db.example.com:5432/orders"),
+        [(PiiKind::Secret, "S3c!r3t-9")]
+    );
+    assert_eq!(
+        found("https://svc.example.com/h?sig=Tf4GRKIJ4wG9H1wjhPW6V&format=json"),
+        [(PiiKind::Secret, "Tf4GRKIJ4wG9H1wjhPW6V")]
+    );
+    assert_eq!(
+        found("https://example.com/unsubscribe?email=ann@example.com"),
+        [(PiiKind::Email, "ann@example.com")]
+    );
+    assert_clean(&[
+        "https://jane@example.com/path",
+        "postgres://user:password@localhost:5432/db",
+        "https://example.com/docs?token_type=bearer&page=2",
+    ]);
+}
+
+#[test]
+fn one_number_is_reported_as_one_kind() {
+    assert_eq!(
+        found("call 4111 1111 1111 1111"),
+        [(PiiKind::CreditCard, "4111 1111 1111 1111")]
+    );
+    assert_eq!(found("call 123-45-6789"), [(PiiKind::UsSsn, "123-45-6789")]);
+    assert_eq!(
+        found("DE89 3704 0044 0532 0130 00"),
+        [(PiiKind::Iban, "DE89 3704 0044 0532 0130 00")]
+    );
+    assert_eq!(
+        found("ether 12:34:56:78:90:12"),
+        [(PiiKind::Mac, "12:34:56:78:90:12")]
+    );
+    assert_clean(&["call 4111 1111 1111 1112", "SSN 666-12-3456"]);
+}

@@ -8,7 +8,7 @@
 //! the text looking for triggers; around each one it grows a window to the
 //! left over token bytes, and to the right over token bytes and over single
 //! spaces that continue a grouped number (`4111 1111 …`, `GB82 WEST …`,
-//! `(202) 555-0143`). The per-kind regexes then run on windows only, and only
+//! `(202) 555-0143`) and over a slash between digits (`030/1234567`). The per-kind regexes then run on windows only, and only
 //! when the window's byte counts make the kind possible. Clean prose costs one
 //! table lookup per byte plus a little work per isolated number.
 
@@ -73,8 +73,9 @@ pub(crate) struct Window {
     pub(crate) plus: u32,
     /// Digit groups starting with `0` (a national trunk prefix candidate).
     pub(crate) zero_groups: u32,
-    /// Spaces (crossed between groups) and parentheses.
+    /// Spaces (crossed between groups), slashes and parentheses.
     pub(crate) spaces: u32,
+    pub(crate) slashes: u32,
     pub(crate) parens: u32,
     /// Length of the longest run of digits.
     pub(crate) max_run: u32,
@@ -112,6 +113,7 @@ impl Window {
                     b'.' => w.dots += 1,
                     b'-' => w.dashes += 1,
                     b' ' => w.spaces += 1,
+                    b'/' => w.slashes += 1,
                     b'(' | b')' => w.parens += 1,
                     _ => {}
                 }
@@ -164,6 +166,16 @@ fn crosses_space(bytes: &[u8], start: usize, e: usize) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether the window may grow over the `/` at `bytes[e]`: it separates an
+/// area code from the number (`030/1234567`).
+fn crosses_slash(bytes: &[u8], start: usize, e: usize) -> bool {
+    e > start
+        && e + 1 < bytes.len()
+        && bytes[e] == b'/'
+        && bytes[e - 1].is_ascii_digit()
+        && bytes[e + 1].is_ascii_digit()
 }
 
 /// The position of the first trigger byte at or after `i`.
@@ -231,7 +243,7 @@ pub(crate) fn for_each_window(
             while end < n && is_token(bytes[end]) {
                 end += 1;
             }
-            if crosses_space(bytes, start, end) {
+            if crosses_space(bytes, start, end) || crosses_slash(bytes, start, end) {
                 end += 1;
             } else {
                 break;

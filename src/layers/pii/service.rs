@@ -7,7 +7,9 @@ use std::task::{Context, Poll};
 use serde_json::json;
 use tower::Service;
 
-use super::{PiiBlocked, PiiEngine, PiiSession, StreamRestorer};
+use super::engine::PiiEngine;
+use super::session::{PiiBlocked, PiiSession};
+use super::stream::StreamRestorer;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::event::AgentEvent;

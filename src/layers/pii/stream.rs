@@ -136,7 +136,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::layers::pii::PiiConfig;
+    use crate::layers::pii::config::PiiConfig;
 
     fn session() -> Arc<PiiSession> {
         let s = Arc::new(PiiConfig::new().build().session());
