@@ -14,6 +14,7 @@ pub mod hooks;
 pub mod layers;
 pub mod lifecycle;
 pub mod memory;
+pub mod pii;
 pub mod prelude;
 pub mod request;
 pub mod service;

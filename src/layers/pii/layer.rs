@@ -6,11 +6,9 @@ use std::sync::{Arc, OnceLock};
 use regex::Regex;
 use tower::Layer;
 
-use super::config::{CustomDetector, PiiConfig, Strategy};
-use super::engine::PiiEngine;
-use super::kind::PiiKind;
 use super::service::MaskPii;
 use crate::error::AgentError;
+use crate::pii::{CustomDetector, PiiConfig, PiiEngine, PiiKind, Strategy};
 
 /// Applies [`MaskPii`] to a model service. See the [module docs](super).
 ///

@@ -190,25 +190,12 @@
 //! assert!(matches!(session.mask("Nothing to see here, 42 times.").unwrap(), Cow::Borrowed(_)));
 //! ```
 
-mod config;
-mod detect;
-mod engine;
-mod jwt;
-mod kind;
 mod layer;
-mod patterns;
-mod phone;
-mod scan;
 mod service;
-mod session;
-mod stream;
-mod url;
-mod validate;
 
-pub use config::{CustomDetector, PiiConfig, Strategy};
-pub use engine::PiiEngine;
-pub use kind::{Detection, PiiKind};
+pub use crate::pii::{
+    CustomDetector, Detection, PiiBlocked, PiiConfig, PiiEngine, PiiKind, PiiSession, Strategy,
+    StreamRestorer,
+};
 pub use layer::MaskPiiLayer;
 pub use service::{future, MaskPii};
-pub use session::{PiiBlocked, PiiSession};
-pub use stream::StreamRestorer;

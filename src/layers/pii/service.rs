@@ -7,12 +7,10 @@ use std::task::{Context, Poll};
 use serde_json::json;
 use tower::Service;
 
-use super::engine::PiiEngine;
-use super::session::{PiiBlocked, PiiSession};
-use super::stream::StreamRestorer;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::event::AgentEvent;
+use crate::pii::{PiiBlocked, PiiEngine, PiiSession, StreamRestorer};
 use crate::request::{DeltaSink, ModelCall};
 use crate::types::{ContentPart, History, Message, MessageContent, ModelDelta, ModelResponse};
 

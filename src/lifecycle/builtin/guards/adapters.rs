@@ -13,7 +13,7 @@ use super::heuristic::HeuristicDetector;
 use super::stream::GuardVerdict;
 use crate::context::RunContext;
 use crate::error::BoxError;
-use crate::layers::pii::{PiiConfig, PiiEngine, Strategy};
+use crate::pii::{PiiConfig, PiiEngine, Strategy};
 
 /// A guard over the PII engine: rewrites a text with its PII replaced as
 /// each kind's [`Strategy`] says, or blocks it when a kind's strategy is
@@ -211,7 +211,7 @@ impl<D: InjectionDetector> Guard for DetectorGuard<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::pii::PiiKind;
+    use crate::pii::PiiKind;
 
     #[tokio::test]
     async fn pii_passes_clean_text_and_blocks_blocked_kinds() {

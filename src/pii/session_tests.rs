@@ -4,7 +4,7 @@ use std::{borrow::Cow, sync::Arc};
 
 use regex::Regex;
 
-use crate::layers::pii::{CustomDetector, PiiBlocked, PiiConfig, PiiKind, PiiSession, Strategy};
+use crate::pii::{CustomDetector, PiiBlocked, PiiConfig, PiiKind, PiiSession, Strategy};
 
 fn session(config: PiiConfig) -> PiiSession {
     config.build().session()

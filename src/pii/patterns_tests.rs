@@ -1,6 +1,6 @@
 //! Unit tests of every built-in detector, through the full detection pass.
 
-use crate::layers::pii::{PiiEngine, PiiKind};
+use crate::pii::{PiiEngine, PiiKind};
 
 fn found(text: &str) -> Vec<(PiiKind, &str)> {
     PiiEngine::default()
@@ -347,7 +347,7 @@ fn several_in_one_text_sorted() {
 
 #[test]
 fn disabled_kinds_are_not_reported() {
-    use crate::layers::pii::PiiConfig;
+    use crate::pii::PiiConfig;
     let engine = PiiConfig::new()
         .disable(PiiKind::Email)
         .disable(PiiKind::Jwt)

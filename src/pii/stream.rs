@@ -136,7 +136,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::layers::pii::config::PiiConfig;
+    use crate::pii::PiiConfig;
 
     fn session() -> Arc<PiiSession> {
         let s = Arc::new(PiiConfig::new().build().session());
