@@ -217,7 +217,9 @@ impl ProviderError {
         self.retry_after_opt(Some(after))
     }
 
-    /// For a timeout, records how long the provider was allowed.
+    /// For a timeout, records how long the provider was allowed (the HTTP
+    /// providers' transport says it).
+    #[cfg(feature = "openai")]
     pub(crate) fn allowed(mut self, after: Option<Duration>) -> Self {
         if self.kind == ErrorKind::Timeout {
             self.timed_out_after = after;
