@@ -44,6 +44,7 @@ pub mod guards;
 pub mod limits;
 pub mod memory;
 pub mod policy;
+mod side_call;
 mod summarizer;
 mod system_prompt;
 pub mod tool_selection;

@@ -6,8 +6,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use tower::{Service, ServiceExt};
+use tower::Service;
 
+use super::side_call::call_as;
 use crate::context::RunContext;
 use crate::error::BoxError;
 use crate::request::{box_model, BoxModel, ModelCall};
@@ -198,16 +199,7 @@ impl ModelSummarizer {
             ],
         );
         request.settings.max_tokens = self.max_tokens;
-        let child = ctx.child();
-        child.set_agent_name(&self.name);
-        let response = self
-            .model
-            .clone()
-            .oneshot(ModelCall::new(request, child.clone()))
-            .await?;
-        if !response.usage_recorded {
-            child.record_usage(&response.model, response.usage);
-        }
+        let response = call_as(&self.model, ctx, &self.name, request).await?;
         Ok(response.message.text().trim().to_owned())
     }
 }

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::Value;
-use tower::ServiceExt;
 
 use crate::context::RunContext;
 use crate::error::BoxError;
+use crate::lifecycle::builtin::side_call::call_recorded;
 use crate::memory::MemoryItem;
 use crate::request::{box_model, BoxModel, ModelCall};
 use crate::types::{Message, ModelName, ModelRequest, ModelResponse, Role};
@@ -179,14 +179,7 @@ impl MemoryExtractor for ModelExtractor {
                     Message::user(self.prompt(&request)),
                 ],
             );
-            let response = self
-                .model
-                .clone()
-                .oneshot(ModelCall::new(model_request, ctx.clone()))
-                .await?;
-            if !response.usage_recorded {
-                ctx.record_usage(&response.model, response.usage);
-            }
+            let response = call_recorded(&self.model, ctx, model_request).await?;
             let range = request.first_index..request.first_index + request.messages.len();
             let mut items = parse_memories(&response.message.text())?;
             for item in &mut items {

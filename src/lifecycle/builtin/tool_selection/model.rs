@@ -6,12 +6,11 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 use super::ToolSelector;
 use crate::context::RunContext;
 use crate::error::BoxError;
-use crate::request::ModelCall;
+use crate::lifecycle::builtin::side_call::call_as;
 use crate::service::BoxModel;
 use crate::types::{History, Message, ModelName, ModelRequest, ResponseFormat, Role, ToolSpec};
 
@@ -189,17 +188,8 @@ impl ToolSelector for ModelToolSelector {
                 // Nothing to select for: every tool.
                 return Ok(tools.iter().map(|t| t.name.clone()).collect());
             };
-            let selector_ctx = ctx.child();
-            selector_ctx.set_agent_name(&self.name);
             let request = self.request(&query, tools);
-            let response = self
-                .model
-                .clone()
-                .oneshot(ModelCall::new(request, selector_ctx.clone()))
-                .await?;
-            if !response.usage_recorded {
-                selector_ctx.record_usage(&response.model, response.usage);
-            }
+            let response = call_as(&self.model, ctx, &self.name, request).await?;
             self.parse(&response.message.text(), tools)
         })
     }
