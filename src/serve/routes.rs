@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::runs::{run_body, start, Frame, Started};
-use super::Shared;
+use super::{ServedAgent, Shared};
 use crate::request::RunRequest;
 use crate::types::{ApprovalDecision, History, Message};
 
@@ -65,16 +65,7 @@ pub(crate) async fn create_run(
     if let Some(thread) = body.thread_id {
         request.context = crate::RunContext::builder().thread_id(thread).build();
     }
-    let sse = wants_sse(&headers);
-    let started = start(
-        &shared.runs,
-        shared.store.clone(),
-        &name,
-        agent,
-        request,
-        sse,
-    );
-    respond(started, sse).await
+    run_and_respond(&shared, &name, agent, request, &headers).await
 }
 
 pub(crate) async fn resume_run(
@@ -105,16 +96,7 @@ pub(crate) async fn resume_run(
         }
     };
     let request = RunRequest::resume(checkpoint, body.decisions);
-    let sse = wants_sse(&headers);
-    let started = start(
-        &shared.runs,
-        shared.store.clone(),
-        &name,
-        agent,
-        request,
-        sse,
-    );
-    respond(started, sse).await
+    run_and_respond(&shared, &name, agent, request, &headers).await
 }
 
 pub(crate) async fn get_run(
@@ -135,6 +117,27 @@ pub(crate) async fn get_run(
         }))),
         None => Err(ApiError::not_found(format!("no run `{run_id}`"))),
     }
+}
+
+/// Starts `request` on `agent` and answers with the run: JSON, or SSE when
+/// the client asked for it.
+async fn run_and_respond(
+    shared: &Shared,
+    name: &str,
+    agent: ServedAgent,
+    request: RunRequest,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let sse = wants_sse(headers);
+    let started = start(
+        &shared.runs,
+        shared.store.clone(),
+        name,
+        agent,
+        request,
+        sse,
+    );
+    respond(started, sse).await
 }
 
 async fn respond(started: Started, sse: bool) -> Result<Response, ApiError> {
