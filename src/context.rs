@@ -111,6 +111,13 @@ struct Prelude {
     history: Option<History>,
 }
 
+/// The sink of a context built without one: one for the process, so a
+/// context costs no allocation for it.
+fn noop_sink() -> Arc<dyn EventSink> {
+    static NOOP: OnceLock<Arc<dyn EventSink>> = OnceLock::new();
+    NOOP.get_or_init(|| Arc::new(NoopSink)).clone()
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -711,7 +718,7 @@ impl RunContextBuilder {
                 state: Mutex::new(self.state),
                 ledger: Mutex::default(),
                 prices: OnceLock::new(),
-                events: self.events.unwrap_or_else(|| Arc::new(NoopSink)),
+                events: self.events.unwrap_or_else(noop_sink),
                 port: RwLock::new(None),
                 hook_failed: AtomicBool::new(false),
                 pending_context: Mutex::default(),
