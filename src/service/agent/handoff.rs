@@ -422,6 +422,7 @@ impl Run {
         self.hooks = crate::hooks::hand_over(&self.ctx, target.middleware.as_ref());
         self.ctx.hand_to_agent(&target.config.name);
         self.config = target.config.clone();
+        self.model = None;
         self.output_attempts = 0;
     }
 

@@ -14,8 +14,12 @@
 //! each call at `DEBUG`. Without a subscriber that wants them they cost a
 //! level check; the clock is read only when `INFO` events are enabled.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tracing::{field, Level, Span};
 
@@ -24,6 +28,32 @@ use crate::error::{AgentError, ErrorKind};
 use crate::event::AgentEvent;
 use crate::request::ToolOutput;
 use crate::types::{AgentRun, ModelName, ModelResponse, ToolCall, Usage};
+
+pin_project! {
+    /// A future polled inside `span`, which it borrows (from the observer
+    /// that owns it) rather than holding a clone as `Instrumented` does.
+    pub(super) struct InSpan<'a, F> {
+        span: &'a Span,
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<'a, F> InSpan<'a, F> {
+    pub(super) fn new(span: &'a Span, fut: F) -> Self {
+        Self { span, fut }
+    }
+}
+
+impl<F: Future> Future for InSpan<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        this.fut.poll(cx)
+    }
+}
 
 /// The target of the crate's `tracing` events: `RUST_LOG=tower_agent=debug`.
 const TARGET: &str = "tower_agent";

@@ -1,33 +1,55 @@
 //! The run loop: model → tool calls → model … until a final answer.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
-use tower::ServiceExt;
-use tracing::Instrument;
+use futures::future::BoxFuture;
+use tower::Service;
 
 use super::handoff::find_agent;
 use super::inbox::Inbox;
-use super::observe::{ModelCallObserver, RunObserver};
+use super::observe::{InSpan, ModelCallObserver, RunObserver};
 use super::state::{classify, race, Run};
 use super::tools::Step;
 use super::Config;
-use crate::error::AgentError;
+use crate::context::RunContext;
+use crate::error::{AgentError, BoxError};
 use crate::hooks::{installed, RunOutcome, RunStart, StickyApprovals};
-use crate::request::{DeltaSink, ModelCall, RunInput, RunRequest};
+use crate::request::{BoxModel, DeltaSink, ModelCall, RunInput, RunRequest};
 use crate::types::{
     AgentRun, Checkpoint, History, Message, ModelDelta, ModelRequest, ModelResponse, Role,
     RunStatus, StopReason,
 };
 
-pub(super) async fn run(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, AgentError> {
+/// The run of `request`, bracketed by its observer and, when no lifecycle
+/// layer does it, by the closing hooks.
+///
+/// What only the run's start needs (the request's input and history, the
+/// start hooks, a resumed step) is a future of its own, on the heap until
+/// the first model call: a run waiting on its model holds only its state.
+pub(super) fn run(
+    config: Arc<Config>,
+    request: RunRequest,
+) -> impl Future<Output = Result<AgentRun, AgentError>> + Send + 'static {
     let ctx = request.context.clone();
+    let start: BoxFuture<'static, Result<Started, AgentError>> =
+        Box::pin(start(config.clone(), request));
+    observed(config, ctx, start)
+}
+
+async fn observed(
+    config: Arc<Config>,
+    ctx: RunContext,
+    start: BoxFuture<'static, Result<Started, AgentError>>,
+) -> Result<AgentRun, AgentError> {
     ctx.set_agent_name(&config.name);
     let observer = RunObserver::open(&ctx, &config.name);
-    let span = observer.span().clone();
     // The hooks that open the run close it, even if a handoff changed
     // those installed since.
     let opened = installed(&ctx);
-    let result = execute(config.clone(), request).instrument(span).await;
+    let result = InSpan::new(observer.span(), proceed(start)).await;
     observer.close(&result);
     // A lifecycle layer that brackets the run closes it itself, with the
     // result its caller gets; otherwise (a nested run that inherited its
@@ -44,7 +66,26 @@ pub(super) async fn run(config: Arc<Config>, request: RunRequest) -> Result<Agen
     result
 }
 
-async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, AgentError> {
+/// The run's start, then its turns.
+async fn proceed(
+    start: BoxFuture<'static, Result<Started, AgentError>>,
+) -> Result<AgentRun, AgentError> {
+    let mut run = match start.await? {
+        Started::Running(run) => run,
+        Started::Ended(run) => return Ok(run),
+    };
+    run.turns().await
+}
+
+/// How a run's start ended.
+enum Started {
+    /// The run goes on to its turns.
+    Running(Run),
+    /// A resumed run paused again in the step it resumed.
+    Ended(AgentRun),
+}
+
+async fn start(config: Arc<Config>, request: RunRequest) -> Result<Started, AgentError> {
     let RunRequest {
         input,
         history,
@@ -92,11 +133,12 @@ async fn execute(config: Arc<Config>, request: RunRequest) -> Result<AgentRun, A
             .collect();
         let completed = checkpoint.completed.clone();
         if let Step::Paused(checkpoint) = run.tool_step(calls, &decisions, true, completed).await? {
-            return Ok(run.snapshot(RunStatus::Paused(checkpoint), String::new(), None));
+            let paused = run.snapshot(RunStatus::Paused(checkpoint), String::new(), None);
+            return Ok(Started::Ended(paused));
         }
         run.finish_handoff()?;
     }
-    run.turns().await
+    Ok(Started::Running(run))
 }
 
 impl Run {
@@ -110,7 +152,13 @@ impl Run {
             let starts_with_prompt = messages
                 .first()
                 .is_some_and(|m| m.role == Role::System && m.text() == instructions.as_str());
-            if !starts_with_prompt {
+            if messages.is_empty() {
+                // Room for the prompt, the input and the answer: the
+                // conversation of a one-turn run is never grown.
+                let mut first = Vec::with_capacity(3);
+                first.push(Message::system(instructions.as_str()));
+                messages = History::from(first);
+            } else if !starts_with_prompt {
                 messages
                     .to_mut()
                     .insert(0, Message::system(instructions.as_str()));
@@ -194,7 +242,7 @@ impl Run {
     }
 
     /// Turns until the run ends.
-    async fn turns(mut self) -> Result<AgentRun, AgentError> {
+    async fn turns(&mut self) -> Result<AgentRun, AgentError> {
         loop {
             // The agent running the run decides (a handoff changes it).
             let max_turns = self.config.max_turns;
@@ -221,7 +269,10 @@ impl Run {
             let turn = self.counters.turns + 1;
             self.counters.turns = turn;
             self.ctx.set_iteration(turn);
-            self.take_queued().await?;
+            if self.inbox.is_some() {
+                // Boxed: a run without a handle does not carry its state.
+                Box::pin(self.take_queued()).await?;
+            }
             for text in self.ctx.take_context() {
                 self.messages.push(Message::system(text));
             }
@@ -290,7 +341,12 @@ impl Run {
             }
 
             self.continuations = 0;
-            let (calls, answered) = self.answer_handoffs(calls).await?;
+            let (calls, answered) = if self.config.handoffs.is_empty() {
+                (calls, Vec::new())
+            } else {
+                // Boxed: an agent without handoffs does not carry its state.
+                Box::pin(self.answer_handoffs(calls)).await?
+            };
             if calls.is_empty() {
                 // Only handoffs: their answers, in call order.
                 self.messages.extend(answered.into_iter().map(|(_, m)| m));
@@ -304,36 +360,42 @@ impl Run {
     }
 
     /// One model call, through the hooks and the model stack.
+    ///
+    /// Without hooks the call goes to the run's own clone of the model
+    /// stack (made once per run), driven to readiness before the request is
+    /// built, so that a run waiting on its model holds nothing but the
+    /// model's future.
     async fn model_turn(&mut self, turn: u32) -> Result<ModelResponse, AgentError> {
         let config = &self.config;
         let ctx = &self.ctx;
         let hold = self.stream.is_some() && self.hooks.as_ref().is_some_and(|h| h.holds_stream());
-        let stream = if hold {
-            Some(DeltaSink::provisional(|_| {}))
-        } else {
-            self.stream.clone()
-        };
-        let call = ModelCall {
-            request: ModelRequest {
-                model: config.model_name.clone(),
-                messages: self.messages.clone(),
-                tools: config.specs.clone(),
-                settings: config.settings.clone(),
-            },
-            stream,
-            context: ctx.clone(),
-            extensions: self.extensions.clone(),
-        };
         let observer = ModelCallObserver::open(ctx, &config.name, &config.model_name, turn);
-        let fut: crate::hooks::HookFuture<'_, ModelResponse> = match &self.hooks {
-            Some(hooks) => hooks.wrap_model(call, config.model.clone()),
-            None => crate::hooks::HookFuture::new(config.model.clone().oneshot(call)),
+        let span = observer.span();
+        let answer = match &self.hooks {
+            Some(hooks) => {
+                let call = model_call(
+                    config,
+                    ctx,
+                    &self.messages,
+                    &self.stream,
+                    hold,
+                    &self.extensions,
+                );
+                // Boxed: a hook future that is ready holds a whole answer,
+                // which a run without hooks need not make room for.
+                let fut = Box::pin(hooks.wrap_model(call, config.model.clone()));
+                race(ctx, InSpan::new(span, fut)).await
+            }
+            None => {
+                let model = self.model.get_or_insert_with(|| config.model.clone());
+                let (messages, stream, extensions) =
+                    (&self.messages, &self.stream, &self.extensions);
+                let build = move || model_call(config, ctx, messages, stream, hold, extensions);
+                race(ctx, InSpan::new(span, Dispatch::new(model, build))).await
+            }
         };
-        let result = race(ctx, fut.instrument(observer.span().clone()))
-            .await
-            .and_then(|r| r.map_err(classify));
         self.counters.model_calls += 1;
-        let mut response = match result {
+        let mut response = match answer.and_then(|r| r.map_err(classify)) {
             Ok(response) => response,
             Err(err) => {
                 observer.failed(&err);
@@ -365,5 +427,93 @@ impl Run {
             }
         }
         Ok(response)
+    }
+}
+
+/// A call to the run's model stack: waits for it to be ready, then builds
+/// the request and calls it. The request is built only once the stack is
+/// ready, so the wait for the answer holds the stack's future alone.
+struct Dispatch<'a, B> {
+    model: &'a mut BoxModel,
+    build: Option<B>,
+    called: Option<<BoxModel as Service<ModelCall>>::Future>,
+}
+
+impl<'a, B> Dispatch<'a, B> {
+    fn new(model: &'a mut BoxModel, build: B) -> Self {
+        Self {
+            model,
+            build: Some(build),
+            called: None,
+        }
+    }
+}
+
+impl<B: FnOnce() -> ModelCall + Unpin> Future for Dispatch<'_, B> {
+    type Output = Result<ModelResponse, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if this.called.is_none() {
+            if let Err(err) = ready!(this.model.poll_ready(cx)) {
+                return Poll::Ready(Err(err));
+            }
+            let build = this
+                .build
+                .take()
+                .expect("Dispatch polled after it completed");
+            this.called = Some(this.model.call(build()));
+        }
+        let called = this.called.as_mut().expect("called just above");
+        called.as_mut().poll(cx)
+    }
+}
+
+/// The request of one model call: the conversation so far (shared, not
+/// copied) and the agent's tools and settings.
+fn model_call(
+    config: &Config,
+    ctx: &RunContext,
+    messages: &History,
+    stream: &Option<DeltaSink>,
+    hold: bool,
+    extensions: &http::Extensions,
+) -> ModelCall {
+    ModelCall {
+        request: ModelRequest {
+            model: config.model_name.clone(),
+            messages: messages.clone(),
+            tools: config.specs.clone(),
+            settings: config.settings.clone(),
+        },
+        // A held stream goes to the caller once the hooks passed the answer.
+        stream: if hold {
+            Some(DeltaSink::provisional(|_| {}))
+        } else {
+            stream.clone()
+        },
+        context: ctx.clone(),
+        extensions: extensions.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Agent, ScriptedModel, ScriptedTurn};
+
+    /// Every suspended run holds its future: 2,936 bytes before the run's
+    /// start moved to a future of its own and the model call stopped
+    /// holding its request, its hooks' answer and a deadline timer inline.
+    #[test]
+    fn a_run_future_stays_small() {
+        let agent = Agent::builder("small")
+            .instructions("Answer in one word.")
+            .model(ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")))
+            .build()
+            .unwrap();
+        let run = run(agent.config.clone(), RunRequest::new("hi"));
+        let bytes = std::mem::size_of_val(&run);
+        assert!(bytes <= 1280, "the run future takes {bytes} bytes");
     }
 }

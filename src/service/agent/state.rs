@@ -3,16 +3,21 @@
 //! transcript, snapshots and checkpoints).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use pin_project_lite::pin_project;
 use serde_json::Value;
+use tokio::time::Sleep;
+use tokio_util::sync::WaitForCancellationFuture;
 
 use super::inbox::Inbox;
 use super::Config;
 use crate::context::RunContext;
-use crate::error::{AgentError, BoxError};
+use crate::error::{AgentError, BoxError, TimeoutSource};
 use crate::hooks::{HookPort, StickyApprovals};
-use crate::request::DeltaSink;
+use crate::request::{BoxModel, DeltaSink};
 use crate::types::{AgentRun, Checkpoint, Counters, History, Message, PendingCall, RunStatus};
 
 /// One run in progress.
@@ -32,6 +37,9 @@ pub(super) struct Run {
     pub(super) handoff: Option<Decided>,
     /// Messages queued into the run through its handle.
     pub(super) inbox: Option<Inbox>,
+    /// The run's clone of the agent's model stack, made at its first call
+    /// without hooks (hooks get a clone per call) and dropped by a handoff.
+    pub(super) model: Option<BoxModel>,
 }
 
 impl Run {
@@ -56,6 +64,7 @@ impl Run {
             continuations: 0,
             handoff: None,
             inbox: None,
+            model: None,
         }
     }
 
@@ -122,8 +131,50 @@ impl Run {
 }
 
 /// Races `fut` against the run's cancellation and deadline.
-pub(super) async fn race<F: Future>(ctx: &RunContext, fut: F) -> Result<F::Output, AgentError> {
-    ctx.race(fut).await
+pub(super) fn race<F: Future>(ctx: &RunContext, fut: F) -> Race<'_, F> {
+    Race {
+        ctx,
+        cancelled: ctx.cancelled(),
+        deadline: ctx
+            .deadline()
+            .map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
+        fut,
+    }
+}
+
+pin_project! {
+    /// [`race`]: `fut`, unless the run is cancelled or reaches its deadline
+    /// first (checked in that order). Every suspended run holds one while
+    /// it waits on its model, so it is small: the deadline's timer is on the
+    /// heap, and only when the run has a deadline.
+    pub(super) struct Race<'a, F> {
+        ctx: &'a RunContext,
+        #[pin]
+        cancelled: WaitForCancellationFuture<'a>,
+        deadline: Option<Pin<Box<Sleep>>>,
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for Race<'_, F> {
+    type Output = Result<F::Output, AgentError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if this.cancelled.poll(cx).is_ready() {
+            return Poll::Ready(Err(AgentError::Cancelled));
+        }
+        if let Some(deadline) = this.deadline {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(AgentError::Timeout {
+                    timer: TimeoutSource::RunDeadline,
+                    after: Some(this.ctx.elapsed()),
+                }));
+            }
+        }
+        this.fut.poll(cx).map(Ok)
+    }
 }
 
 pub(super) fn classify(err: BoxError) -> AgentError {
