@@ -92,16 +92,25 @@ struct Inner {
     /// Set when a middleware of this run, or of a run it is nested in,
     /// failed in this run or below: such an error fails this run too.
     hook_failed: AtomicBool,
-    pending_context: Mutex<Vec<String>>,
-    stop: Mutex<Option<StopReason>>,
+    /// Context, a stop, a bracket, a prelude: allocated when first used.
+    rare: Mutex<Option<Box<Rare>>>,
     /// Set once `stop` holds a reason without `by`: lets attribution skip the lock.
     stop_unattributed: AtomicBool,
+}
+
+/// What many runs never use, kept off the context until they do (every
+/// context holds a pointer to it, not its room).
+#[derive(Default)]
+struct Rare {
+    /// What [`RunContext::add_context`] collected.
+    pending_context: Vec<String>,
+    stop: Option<StopReason>,
     /// `Some` once a lifecycle layer brackets the run: the context its
     /// `before_agent` hooks added, until the loop takes it.
-    bracket: Mutex<Option<Vec<String>>>,
+    bracket: Option<Vec<String>>,
     /// What hooks handed the run before it began: context for this run
     /// only, and the thread's earlier messages.
-    prelude: Mutex<Prelude>,
+    prelude: Prelude,
 }
 
 /// See [`RunContext::add_run_context`] and [`RunContext::provide_history`].
@@ -170,11 +179,8 @@ impl RunContext {
                 events: self.inner.events.clone(),
                 port: RwLock::new(self.port_slot()),
                 hook_failed: AtomicBool::new(false),
-                pending_context: Mutex::default(),
-                stop: Mutex::default(),
+                rare: Mutex::default(),
                 stop_unattributed: AtomicBool::new(false),
-                bracket: Mutex::default(),
-                prelude: Mutex::default(),
             }),
         }
     }
@@ -447,14 +453,22 @@ impl RunContext {
         });
     }
 
+    /// Runs `f` on the context's rarely used parts, allocated first if need be.
+    fn with_rare<R>(&self, f: impl FnOnce(&mut Rare) -> R) -> R {
+        f(lock(&self.inner.rare).get_or_insert_with(Box::default))
+    }
+
     /// Adds a system message to the next model call, kept in the transcript.
     pub fn add_context(&self, text: impl Into<String>) {
-        lock(&self.inner.pending_context).push(text.into());
+        self.with_rare(|rare| rare.pending_context.push(text.into()));
     }
 
     /// Takes the texts [`add_context`](Self::add_context) collected.
     pub fn take_context(&self) -> Vec<String> {
-        std::mem::take(&mut *lock(&self.inner.pending_context))
+        lock(&self.inner.rare)
+            .as_mut()
+            .map(|rare| std::mem::take(&mut rare.pending_context))
+            .unwrap_or_default()
     }
 
     /// Adds a system message right after the system prompt, for this run
@@ -464,12 +478,15 @@ impl RunContext {
     /// memory recalled for it. Text added once the first turn began is not
     /// read.
     pub fn add_run_context(&self, text: impl Into<String>) {
-        lock(&self.inner.prelude).context.push(text.into());
+        self.with_rare(|rare| rare.prelude.context.push(text.into()));
     }
 
     /// Takes the texts [`add_run_context`](Self::add_run_context) collected.
     pub(crate) fn take_run_context(&self) -> Vec<String> {
-        std::mem::take(&mut lock(&self.inner.prelude).context)
+        lock(&self.inner.rare)
+            .as_mut()
+            .map(|rare| std::mem::take(&mut rare.prelude.context))
+            .unwrap_or_default()
     }
 
     /// Gives a new run whose request came without history the thread's
@@ -477,12 +494,15 @@ impl RunContext {
     /// loads the thread). A run that has history or resumes a checkpoint
     /// ignores it, and so does a run that already began.
     pub fn provide_history(&self, history: impl Into<History>) {
-        lock(&self.inner.prelude).history = Some(history.into());
+        let history = history.into();
+        self.with_rare(|rare| rare.prelude.history = Some(history));
     }
 
     /// Takes what [`provide_history`](Self::provide_history) gave.
     pub(crate) fn take_provided_history(&self) -> Option<History> {
-        lock(&self.inner.prelude).history.take()
+        lock(&self.inner.rare)
+            .as_mut()
+            .and_then(|rare| rare.prelude.history.take())
     }
 
     /// Ends the run before its next model call: it completes with status
@@ -504,18 +524,23 @@ impl RunContext {
     }
 
     fn set_stop(&self, reason: StopReason) {
-        let mut stop = lock(&self.inner.stop);
-        if stop.is_none() {
+        self.with_rare(|rare| {
+            let stop = &mut rare.stop;
+            if stop.is_some() {
+                return;
+            }
             if reason.by.is_none() {
                 self.inner.stop_unattributed.store(true, Ordering::Release);
             }
             *stop = Some(reason);
-        }
+        });
     }
 
     /// The stop asked for, if any. The first request wins.
     pub fn stop_requested(&self) -> Option<StopReason> {
-        lock(&self.inner.stop).clone()
+        lock(&self.inner.rare)
+            .as_ref()
+            .and_then(|rare| rare.stop.clone())
     }
 
     /// Names `by` as who asked for a stop that was asked for anonymously.
@@ -526,7 +551,10 @@ impl RunContext {
         if !self.inner.stop_unattributed.load(Ordering::Acquire) {
             return;
         }
-        if let Some(stop) = lock(&self.inner.stop).as_mut() {
+        if let Some(stop) = lock(&self.inner.rare)
+            .as_mut()
+            .and_then(|rare| rare.stop.as_mut())
+        {
             if stop.by.is_none() {
                 stop.by = Some(by.to_owned());
             }
@@ -541,21 +569,22 @@ impl RunContext {
     /// `after_agent` to the layer. A second layer on the same run adds its
     /// context to the first one's.
     pub(crate) fn mark_bracketed(&self, context: Vec<String>) {
-        lock(&self.inner.bracket)
-            .get_or_insert_with(Vec::new)
-            .extend(context);
+        self.with_rare(|rare| rare.bracket.get_or_insert_with(Vec::new).extend(context));
     }
 
     /// Whether a lifecycle layer brackets this run. See
     /// [`mark_bracketed`](Self::mark_bracketed).
     pub(crate) fn is_bracketed(&self) -> bool {
-        lock(&self.inner.bracket).is_some()
+        lock(&self.inner.rare)
+            .as_ref()
+            .is_some_and(|rare| rare.bracket.is_some())
     }
 
     /// Takes the context the bracketing layer's `before_agent` hooks added.
     pub(crate) fn take_bracket_context(&self) -> Vec<String> {
-        lock(&self.inner.bracket)
+        lock(&self.inner.rare)
             .as_mut()
+            .and_then(|rare| rare.bracket.as_mut())
             .map(std::mem::take)
             .unwrap_or_default()
     }
@@ -721,11 +750,8 @@ impl RunContextBuilder {
                 events: self.events.unwrap_or_else(noop_sink),
                 port: RwLock::new(None),
                 hook_failed: AtomicBool::new(false),
-                pending_context: Mutex::default(),
-                stop: Mutex::default(),
+                rare: Mutex::default(),
                 stop_unattributed: AtomicBool::new(false),
-                bracket: Mutex::default(),
-                prelude: Mutex::default(),
             }),
         }
     }
