@@ -13,7 +13,7 @@ use super::tools::Step;
 use super::Config;
 use crate::error::AgentError;
 use crate::hooks::{installed, RunOutcome, RunStart, StickyApprovals};
-use crate::request::{DeltaSink, ModelCall, RunInput, RunRequest};
+use crate::request::{DeltaSink, ModelCall, ModelCallParts, RunInput, RunRequest};
 use crate::types::{
     AgentRun, Checkpoint, History, Message, ModelDelta, ModelRequest, ModelResponse, Role,
     RunStatus, StopReason,
@@ -313,7 +313,7 @@ impl Run {
         } else {
             self.stream.clone()
         };
-        let call = ModelCall {
+        let call = ModelCall::from_parts(ModelCallParts {
             request: ModelRequest {
                 model: config.model_name.clone(),
                 messages: self.messages.clone(),
@@ -323,7 +323,7 @@ impl Run {
             stream,
             context: ctx.clone(),
             extensions: self.extensions.clone(),
-        };
+        });
         let observer = ModelCallObserver::open(ctx, &config.name, &config.model_name, turn);
         let fut: crate::hooks::HookFuture<'_, ModelResponse> = match &self.hooks {
             Some(hooks) => hooks.wrap_model(call, config.model.clone()),
