@@ -140,6 +140,7 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let ctx = req.context();
         if ctx.is_cancelled() {
@@ -220,6 +221,7 @@ pub mod future {
     }
 
     impl<F> ResponseFuture<F> {
+        #[inline]
         pub(super) fn new(inner: F, until: Option<Instant>, timer: Timer, ctx: RunContext) -> Self {
             Self {
                 kind: Kind::Running {
@@ -252,6 +254,7 @@ pub mod future {
     {
         type Output = Result<T, BoxError>;
 
+        #[inline]
         fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
             let KindProj::Running {
                 inner,

@@ -29,8 +29,9 @@ pin_project! {
         // The copy the next attempt sends; `None` once no retry may follow.
         request: Option<Req>,
         shared: Arc<Shared<S>>,
-        // This call's attempts, from the first failure on.
-        policy: Option<RetryPolicy>,
+        // This call's attempts, from the first failure on (boxed: off the
+        // future's size until then).
+        policy: Option<Box<RetryPolicy>>,
     }
 }
 
@@ -59,6 +60,7 @@ impl<S, Req> ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {
+    #[inline]
     pub(super) fn new(future: S::Future, request: Option<Req>, shared: Arc<Shared<S>>) -> Self {
         Self {
             state: State::Called { future },
@@ -77,6 +79,7 @@ where
 {
     type Output = Result<S::Response, BoxError>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
@@ -91,7 +94,7 @@ where
                     };
                     let policy = this
                         .policy
-                        .get_or_insert_with(|| this.shared.policy.clone());
+                        .get_or_insert_with(|| Box::new(this.shared.policy.clone()));
                     match policy.retry(&mut request, &mut result) {
                         Some(delay) => this.state.set(State::Waiting {
                             delay: Box::pin(delay),
@@ -114,7 +117,7 @@ where
                         // Unreachable: a retry is readied with its request.
                         return Poll::Ready(Err("the retry lost its request".into()));
                     };
-                    if let Some(policy) = this.policy.as_mut() {
+                    if let Some(policy) = this.policy.as_deref_mut() {
                         *this.request =
                             Policy::<Req, S::Response, BoxError>::clone_request(policy, &request);
                     }

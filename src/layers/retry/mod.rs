@@ -230,10 +230,12 @@ where
     type Error = BoxError;
     type Future = future::ResponseFuture<S, Req>;
 
+    #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, mut req: Req) -> Self::Future {
         if self.stale {
             self.shared = Arc::new(Shared {

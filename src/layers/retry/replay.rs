@@ -25,6 +25,7 @@ pub trait RetryRequest: HasContext + Clone {
 }
 
 impl RetryRequest for ModelCall {
+    #[inline]
     fn guard(&mut self) {
         // Read first: a call with nothing to guard is not written to (a
         // write copies parts a clone shares).
