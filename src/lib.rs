@@ -34,7 +34,9 @@ pub use error::{
 pub use lifecycle::{
     from_fn, LifecycleLayer, Middleware, MiddlewareStack, ModelMiddleware, Runtime, ToolMiddleware,
 };
-pub use request::{DeltaSink, ModelCall, RunInput, RunRequest, ToolInvocation, ToolOutput};
+pub use request::{
+    DeltaSink, ModelCall, ModelCallParts, RunInput, RunRequest, ToolInvocation, ToolOutput,
+};
 pub use service::{
     tool_fn, tool_fn_ctx, tool_sync, Agent, AgentBuilder, AgentExt, AgentTool, BoxAgent, BoxModel,
     BoxTool, FnTool, ScriptedModel, ScriptedTurn, ToolDef, ToolRouter,

@@ -93,11 +93,36 @@ impl fmt::Debug for DeltaSink {
 
 /// One call to one model: the request of the model stack.
 ///
+/// A call is a shared handle to its [`ModelCallParts`] (the request, the
+/// stream sink, the run's context, the extensions), which it derefs to: read
+/// and write them as fields of the call (`call.request.model`,
+/// `call.context`, `call.extensions.insert(..)`).
+///
+/// ```
+/// use tower_agent::types::{Message, ModelRequest};
+/// use tower_agent::{ModelCall, RunContext};
+///
+/// let mut call = ModelCall::new(ModelRequest::new("small", vec![Message::user("Hi")]), RunContext::new());
+/// let kept = call.clone(); // one reference count
+/// call.request.model = "big".into(); // copies the parts: `kept` is unchanged
+/// assert_eq!(call.request.model, "big");
+/// assert_eq!(kept.request.model, "small");
+/// ```
+///
 /// # Clone
 ///
-/// O(1): the history is shared. Retry, fallback and cache clone freely.
-#[derive(Debug, Clone)]
+/// One reference count: clones share the parts. The first change through a
+/// call whose parts are shared copies them (copy on write), which is O(1)
+/// too: the history, the tools and the context are shared. Retry, fallback
+/// and cache clone freely.
+#[derive(Clone)]
 pub struct ModelCall {
+    parts: Arc<ModelCallParts>,
+}
+
+/// What a [`ModelCall`] carries: see its docs.
+#[derive(Debug, Clone)]
+pub struct ModelCallParts {
     /// What the backend gets.
     pub request: ModelRequest,
     /// Where streamed text goes, when the run streams.
@@ -111,12 +136,64 @@ pub struct ModelCall {
 impl ModelCall {
     /// A call of `request` in the run of `context`, not streamed.
     pub fn new(request: ModelRequest, context: RunContext) -> Self {
-        Self {
+        Self::from_parts(ModelCallParts {
             request,
             stream: None,
             context,
             extensions: http::Extensions::new(),
+        })
+    }
+
+    /// A call of these parts.
+    pub fn from_parts(parts: ModelCallParts) -> Self {
+        Self {
+            parts: Arc::new(parts),
         }
+    }
+
+    /// The parts, moved out when this is the only handle, copied otherwise.
+    pub fn into_parts(self) -> ModelCallParts {
+        Arc::unwrap_or_clone(self.parts)
+    }
+
+    /// Whether `a` and `b` share their parts (neither changed since one was
+    /// cloned from the other).
+    pub fn ptr_eq(a: &ModelCall, b: &ModelCall) -> bool {
+        Arc::ptr_eq(&a.parts, &b.parts)
+    }
+}
+
+impl From<ModelCallParts> for ModelCall {
+    fn from(parts: ModelCallParts) -> Self {
+        Self::from_parts(parts)
+    }
+}
+
+impl std::ops::Deref for ModelCall {
+    type Target = ModelCallParts;
+
+    #[inline]
+    fn deref(&self) -> &ModelCallParts {
+        &self.parts
+    }
+}
+
+/// Copies the parts first when a clone shares them.
+impl std::ops::DerefMut for ModelCall {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut ModelCallParts {
+        Arc::make_mut(&mut self.parts)
+    }
+}
+
+impl fmt::Debug for ModelCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ModelCall")
+            .field("request", &self.parts.request)
+            .field("stream", &self.parts.stream)
+            .field("context", &self.parts.context)
+            .field("extensions", &self.parts.extensions)
+            .finish()
     }
 }
 

@@ -445,7 +445,7 @@ async fn usage_is_exact_in_a_run_mixing_retry_and_fallback() {
 async fn an_answer_its_service_did_not_record_is_recorded_once() {
     // A model service of one's own that leaves recording to the run.
     let plain = service_fn(|call: ModelCall| async move {
-        let mut response = ModelResponse::new(call.request.model, Message::assistant("hi"));
+        let mut response = ModelResponse::new(call.request.model.clone(), Message::assistant("hi"));
         response.usage = Usage::new(8, 1);
         Ok::<_, BoxError>(response)
     });

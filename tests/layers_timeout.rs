@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 use tower_agent::error::TimeoutSource;
 use tower_agent::event::{AgentEvent, CollectingSink};
 use tower_agent::layers::retry::{Backoff, Jitter, LlmRetryLayer};
@@ -149,6 +149,57 @@ async fn mock_a_cancelled_run_does_not_reach_the_service() {
     assert_eq!(code(err), "CANCELLED");
     drop(svc);
     assert!(settle(handle.next_request()).await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn mock_the_timeout_counts_from_the_call_not_from_the_first_wait() {
+    let (mut svc, mut handle) =
+        mock::spawn_layer::<ModelCall, ModelResponse, _>(CallTimeoutLayer::new(secs(5)));
+    assert!(svc.poll_ready().is_ready());
+    let started = Instant::now();
+    let response = svc.call(model_call(&RunContext::new()));
+    // Nobody polls the call for 3 s: its timer is armed late, to the same
+    // deadline.
+    tokio::time::advance(secs(3)).await;
+    let response = tokio::spawn(response);
+    let _pending = settle(handle.next_request()).await.unwrap();
+    let err = settle(response).await.unwrap().unwrap_err();
+    assert!(matches!(
+        err.downcast_ref::<AgentError>(),
+        Some(AgentError::Timeout {
+            timer: TimeoutSource::CallTimeout,
+            after: Some(after)
+        }) if *after == secs(5)
+    ));
+    assert_eq!(started.elapsed(), secs(5));
+
+    // The run's deadline too.
+    let ctx = RunContext::builder().timeout(secs(4)).build();
+    assert!(svc.poll_ready().is_ready());
+    let started = Instant::now();
+    let response = svc.call(model_call(&ctx));
+    tokio::time::advance(secs(3)).await;
+    let response = tokio::spawn(response);
+    let _pending = settle(handle.next_request()).await.unwrap();
+    assert_eq!(
+        code(settle(response).await.unwrap().unwrap_err()),
+        "TIMEOUT"
+    );
+    assert_eq!(started.elapsed(), secs(4));
+}
+
+#[test]
+fn an_answer_ready_at_once_never_touches_the_timer() {
+    // No tokio runtime at all: arming a timer here would panic.
+    let at_once = service_fn(|_call: ModelCall| async {
+        Ok::<_, BoxError>(ModelResponse::new("m", Message::assistant("at once")))
+    });
+    let ctx = RunContext::builder().timeout(secs(10)).build();
+    let mut svc = CallTimeoutLayer::new(secs(5)).layer(at_once);
+    let answer = futures::executor::block_on(svc.call(model_call(&ctx))).unwrap();
+    assert_eq!(answer.message.text(), "at once");
+    let answer = futures::executor::block_on(svc.call(model_call(&RunContext::new()))).unwrap();
+    assert_eq!(answer.message.text(), "at once");
 }
 
 #[tokio::test(start_paused = true)]

@@ -178,14 +178,24 @@ impl<S: Clone> Layer<S> for FallbackLayer<S> {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Resolved<S> {
     model: Option<ModelName>,
     service: S,
 }
 
+/// What a call needs once its first model failed: one handle per call.
+#[derive(Debug, Clone)]
+struct Chain<S> {
+    targets: Box<[Resolved<S>]>,
+    budget: Option<RetryBudget>,
+}
+
 /// Tries a model service, then each [`Target`] in order, while they fail
 /// with provider errors. See the [module docs](self).
+///
+/// A call that the first model answers costs a copy of the call (one
+/// reference count) and one handle to the targets.
 ///
 /// # Clone
 ///
@@ -193,8 +203,7 @@ struct Resolved<S> {
 #[derive(Debug, Clone)]
 pub struct Fallback<S> {
     inner: S,
-    targets: Arc<[Resolved<S>]>,
-    budget: Option<RetryBudget>,
+    chain: Arc<Chain<S>>,
 }
 
 impl<S: Clone> Fallback<S> {
@@ -209,22 +218,24 @@ impl<S: Clone> Fallback<S> {
             .collect();
         Self {
             inner,
-            targets,
-            budget: None,
+            chain: Arc::new(Chain {
+                targets,
+                budget: None,
+            }),
         }
+    }
+
+    /// Draws every switch from `budget`.
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        Arc::make_mut(&mut self.chain).budget = Some(budget);
+        self
     }
 }
 
 impl<S> Fallback<S> {
-    /// Draws every switch from `budget`.
-    pub fn budget(mut self, budget: RetryBudget) -> Self {
-        self.budget = Some(budget);
-        self
-    }
-
     /// The model names of the targets (`None`: the request's own).
     pub fn target_models(&self) -> impl Iterator<Item = Option<&str>> {
-        self.targets.iter().map(|t| t.model.as_deref())
+        self.chain.targets.iter().map(|t| t.model.as_deref())
     }
 
     inner_accessors!(inner: S);
@@ -239,10 +250,16 @@ fn label(model: &str) -> String {
 }
 
 fn answered(mut response: ModelResponse, sent: &str) -> ModelResponse {
+    name_answer(&mut response, sent);
+    response
+}
+
+/// Names the model sent in a response that names none.
+#[inline]
+fn name_answer(response: &mut ModelResponse, sent: &str) {
     if response.model.is_empty() {
         response.model = sent.into();
     }
-    response
 }
 
 impl<S> Service<ModelCall> for Fallback<S>
@@ -255,16 +272,18 @@ where
     type Error = BoxError;
     type Future = future::ResponseFuture<S>;
 
+    #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, mut call: ModelCall) -> Self::Future {
-        if self.targets.is_empty() {
+        if self.chain.targets.is_empty() {
             return future::ResponseFuture::new(self.inner.call(call), None);
         }
         call.guard();
-        if let Some(budget) = &self.budget {
+        if let Some(budget) = &self.chain.budget {
             budget.deposit_once(&mut call.extensions);
         }
         // The inner service was made ready by `poll_ready`: call it now. The
@@ -272,8 +291,7 @@ where
         let first = self.inner.call(call.clone());
         let rest = Rest {
             call,
-            targets: self.targets.clone(),
-            budget: self.budget.clone(),
+            chain: self.chain.clone(),
         };
         future::ResponseFuture::new(first, Some(rest))
     }
@@ -282,8 +300,7 @@ where
 /// What the chain needs once the first model failed.
 struct Rest<S> {
     call: ModelCall,
-    targets: Arc<[Resolved<S>]>,
-    budget: Option<RetryBudget>,
+    chain: Arc<Chain<S>>,
 }
 
 impl<S> Rest<S>
@@ -294,11 +311,8 @@ where
 {
     /// Tries each target in turn, the first model having failed with `err`.
     async fn run(self, err: BoxError) -> Result<ModelResponse, BoxError> {
-        let Rest {
-            call,
-            targets,
-            budget,
-        } = self;
+        let Rest { call, chain } = self;
+        let (targets, budget) = (&chain.targets, &chain.budget);
         let ctx = call.context.clone();
         let mut sent = call.request.model.clone();
         let mut result: Result<ModelResponse, BoxError> = Err(err);
@@ -361,7 +375,7 @@ pub mod future {
     use pin_project_lite::pin_project;
     use tower::Service;
 
-    use super::{answered, Rest};
+    use super::{name_answer, Rest};
     use crate::error::BoxError;
     use crate::future::BoxResponseFuture;
     use crate::request::ModelCall;
@@ -401,6 +415,7 @@ pub mod future {
     where
         S: Service<ModelCall>,
     {
+        #[inline]
         pub(super) fn new(future: S::Future, rest: Option<Rest<S>>) -> Self {
             Self {
                 state: State::First { future, rest },
@@ -416,26 +431,24 @@ pub mod future {
     {
         type Output = Result<ModelResponse, BoxError>;
 
+        #[inline]
         fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
             let mut state = self.project().state;
             loop {
                 match state.as_mut().project() {
                     StateProj::First { future, rest } => {
-                        let result = ready!(future.poll(cx)).map_err(Into::into);
+                        let mut result: Result<ModelResponse, BoxError> =
+                            ready!(future.poll(cx)).map_err(Into::into);
                         let Some(rest) = rest.take() else {
                             return Poll::Ready(result);
                         };
-                        match result {
-                            Ok(response) => {
-                                return Poll::Ready(Ok(answered(
-                                    response,
-                                    &rest.call.request.model,
-                                )))
-                            }
-                            Err(err) => {
-                                let future = BoxResponseFuture::new(rest.run(err));
-                                state.set(State::Rest { future });
-                            }
+                        if let Ok(response) = &mut result {
+                            name_answer(response, &rest.call.request.model);
+                            return Poll::Ready(result);
+                        }
+                        if let Err(err) = result {
+                            let future = BoxResponseFuture::new(rest.run(err));
+                            state.set(State::Rest { future });
                         }
                     }
                     StateProj::Rest { future } => return Pin::new(future).poll(cx),

@@ -140,6 +140,7 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let ctx = req.context();
         if ctx.is_cancelled() {
@@ -185,8 +186,9 @@ pub mod future {
         /// The response future of [`CallTimeout`](super::CallTimeout).
         ///
         /// The timer and the cancellation watch are armed only when the
-        /// inner future first waits: a call that answers at once costs
-        /// neither.
+        /// inner future first waits (in one allocation, off the future's
+        /// own size): a call that answers at once costs neither. The
+        /// deadline still counts from the call.
         pub struct ResponseFuture<F> {
             #[pin]
             kind: Kind<F>,
@@ -202,16 +204,24 @@ pub mod future {
                 until: Option<Instant>,
                 timer: Timer,
                 ctx: RunContext,
-                #[pin]
-                sleep: Option<Sleep>,
-                #[pin]
-                cancelled: Option<WaitForCancellationFutureOwned>,
+                armed: Option<Pin<Box<Armed>>>,
             },
             Cancelled,
         }
     }
 
+    pin_project! {
+        /// What a waiting call watches besides its inner future.
+        struct Armed {
+            #[pin]
+            cancelled: WaitForCancellationFutureOwned,
+            #[pin]
+            sleep: Option<Sleep>,
+        }
+    }
+
     impl<F> ResponseFuture<F> {
+        #[inline]
         pub(super) fn new(inner: F, until: Option<Instant>, timer: Timer, ctx: RunContext) -> Self {
             Self {
                 kind: Kind::Running {
@@ -219,8 +229,7 @@ pub mod future {
                     until,
                     timer,
                     ctx,
-                    sleep: None,
-                    cancelled: None,
+                    armed: None,
                 },
             }
         }
@@ -245,38 +254,41 @@ pub mod future {
     {
         type Output = Result<T, BoxError>;
 
+        #[inline]
         fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
             let KindProj::Running {
                 inner,
                 until,
                 timer,
                 ctx,
-                mut sleep,
-                mut cancelled,
+                armed,
             } = self.project().kind.project()
             else {
                 return Poll::Ready(Err(AgentError::Cancelled.into()));
             };
-            if let Some(cancelled) = cancelled.as_mut().as_pin_mut() {
-                if cancelled.poll(cx).is_ready() {
+            if let Some(armed) = armed.as_mut() {
+                if armed.as_mut().project().cancelled.poll(cx).is_ready() {
                     return Poll::Ready(Err(AgentError::Cancelled.into()));
                 }
             }
             if let Poll::Ready(result) = inner.poll(cx) {
                 return Poll::Ready(result.map_err(Into::into));
             }
-            // The first wait: arm the cancellation watch and the timer.
-            if cancelled.is_none() {
-                let token = ctx.cancellation_token().clone();
-                cancelled.set(Some(token.cancelled_owned()));
-                if let Some(cancelled) = cancelled.as_pin_mut() {
-                    if cancelled.poll(cx).is_ready() {
+            let armed = match armed {
+                Some(armed) => armed,
+                // The first wait: arm the cancellation watch and the timer.
+                None => {
+                    let armed = armed.insert(Box::pin(Armed {
+                        cancelled: ctx.cancellation_token().clone().cancelled_owned(),
+                        sleep: until.map(tokio::time::sleep_until),
+                    }));
+                    if armed.as_mut().project().cancelled.poll(cx).is_ready() {
                         return Poll::Ready(Err(AgentError::Cancelled.into()));
                     }
+                    armed
                 }
-                sleep.set(until.map(tokio::time::sleep_until));
-            }
-            match sleep.as_pin_mut() {
+            };
+            match armed.as_mut().project().sleep.as_pin_mut() {
                 Some(sleep) => {
                     ready!(sleep.poll(cx));
                     let (timer, after) = match *timer {

@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 use tower::Service;
 
 use crate::error::{BoxError, ErrorKind, ProviderError};
-use crate::request::ModelCall;
+use crate::request::{ModelCall, ModelCallParts};
 use crate::types::{Message, ModelDelta, ModelRequest, ModelResponse, ToolCall, Usage};
 
 /// One answer of a [`ScriptedModel`]: a message (text, tool calls or both),
@@ -249,12 +249,12 @@ impl Service<ModelCall> for ScriptedModel {
     fn call(&mut self, call: ModelCall) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let ModelCall {
+            let ModelCallParts {
                 request,
                 stream,
                 context,
                 ..
-            } = call;
+            } = call.into_parts();
             if this.inner.record {
                 this.inner
                     .seen

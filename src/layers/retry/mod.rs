@@ -1,7 +1,8 @@
 //! Retry a failed call: [`tower::retry`] with an LLM-aware [`RetryPolicy`].
 //!
 //! [`LlmRetryLayer`] wraps a model service or a tool stack in [`LlmRetry`],
-//! which is tower's own `Retry` driven by [`RetryPolicy`]. The layer is its
+//! which drives [`RetryPolicy`] (a [`tower::retry::Policy`]) as tower's own
+//! `Retry` does, cheaper per call. The layer is its
 //! own builder: [`LlmRetryLayer::new`] has the policy's defaults, and its
 //! setters ([`max_attempts`](LlmRetryLayer::max_attempts),
 //! [`backoff`](LlmRetryLayer::backoff),
@@ -66,14 +67,15 @@
 
 mod backoff;
 mod budget;
+pub mod future;
 mod policy;
 mod replay;
 
 use std::fmt;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::TryFutureExt;
 use tower::{Layer, Service};
 
 pub use backoff::{Backoff, Jitter};
@@ -139,7 +141,7 @@ impl From<RetryPolicy> for LlmRetryLayer {
     }
 }
 
-impl<S> Layer<S> for LlmRetryLayer {
+impl<S: Clone> Layer<S> for LlmRetryLayer {
     type Service = LlmRetry<S>;
 
     fn layer(&self, inner: S) -> LlmRetry<S> {
@@ -151,35 +153,69 @@ impl<S> Layer<S> for LlmRetryLayer {
 ///
 /// Fails with the last attempt's error, as a [`BoxError`].
 ///
+/// It drives the policy as tower's `Retry` does (the same
+/// [`tower::retry::Policy`] methods), at less cost per call: a call that
+/// succeeds at once copies its request (one reference count for a
+/// [`ModelCall`](crate::ModelCall)) and one handle; the policy's state, the
+/// backoff and the wait are made only after a failure. A retry goes to a
+/// fresh clone of the inner service, driven to readiness first.
+///
 /// # Clone
 ///
 /// Clones share the policy's budget and backoff generator.
 #[derive(Clone)]
 pub struct LlmRetry<S> {
-    inner: tower::retry::Retry<RetryPolicy, ErrInto<S>>,
-    budget: Option<RetryBudget>,
+    inner: S,
+    /// The policy and a clone of `inner` to clone for retries: one handle
+    /// per call, however deep the inner stack.
+    shared: Arc<Shared<S>>,
+    /// `inner` was lent out mutably since `shared` was made.
+    stale: bool,
+}
+
+/// What every call of one [`LlmRetry`] shares.
+#[derive(Debug)]
+pub(crate) struct Shared<S> {
+    pub(crate) policy: RetryPolicy,
+    pub(crate) service: S,
+}
+
+impl<S: Clone> LlmRetry<S> {
+    /// Wraps `inner`, retrying by `policy`.
+    pub fn new(inner: S, policy: RetryPolicy) -> Self {
+        let service = inner.clone();
+        Self {
+            inner,
+            shared: Arc::new(Shared { policy, service }),
+            stale: false,
+        }
+    }
 }
 
 impl<S> LlmRetry<S> {
-    /// Wraps `inner`, retrying by `policy`.
-    pub fn new(inner: S, policy: RetryPolicy) -> Self {
-        let budget = policy.budget_handle().cloned();
-        Self {
-            inner: tower::retry::Retry::new(policy, ErrInto(inner)),
-            budget,
-        }
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
     }
 
-    inner_accessors!(S, |s| s.inner.get_ref().0, |s| s.inner.get_mut().0, |s| s
-        .inner
-        .into_inner()
-        .0);
+    /// The inner service, mutably. Retries after this go to clones of the
+    /// service as changed.
+    pub fn get_mut(&mut self) -> &mut S {
+        self.stale = true;
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 impl<S: fmt::Debug> fmt::Debug for LlmRetry<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LlmRetry")
             .field("inner", &self.inner)
+            .field("policy", &self.shared.policy)
             .finish_non_exhaustive()
     }
 }
@@ -194,131 +230,26 @@ where
     type Error = BoxError;
     type Future = future::ResponseFuture<S, Req>;
 
+    #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx)
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, mut req: Req) -> Self::Future {
+        if self.stale {
+            self.shared = Arc::new(Shared {
+                policy: self.shared.policy.clone(),
+                service: self.inner.clone(),
+            });
+            self.stale = false;
+        }
         req.guard();
-        if let Some(budget) = &self.budget {
+        let policy = &self.shared.policy;
+        if let Some(budget) = policy.budget_handle() {
             budget.deposit_once(req.extensions_mut());
         }
-        // tower's `Retry` calls the service made ready and keeps a clone of
-        // itself, driven to readiness again, for the retries.
-        future::ResponseFuture::new(self.inner.call(req))
-    }
-}
-
-/// Boxes the inner service's error, so the policy reads one error type.
-#[derive(Debug, Clone)]
-struct ErrInto<S>(S);
-
-impl<S, Req> Service<Req> for ErrInto<S>
-where
-    S: Service<Req>,
-    S::Error: Into<BoxError>,
-{
-    type Response = S::Response;
-    type Error = BoxError;
-    type Future = futures::future::MapErr<S::Future, fn(S::Error) -> BoxError>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.0.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, req: Req) -> Self::Future {
-        self.0
-            .call(req)
-            .map_err(Into::into as fn(S::Error) -> BoxError)
-    }
-}
-
-/// The futures of [`LlmRetry`].
-pub mod future {
-    use std::fmt;
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-    use std::time::Duration;
-
-    use pin_project_lite::pin_project;
-    use tower::Service;
-
-    use super::{ErrInto, RetryPolicy, RetryRequest};
-    use crate::error::BoxError;
-
-    pin_project! {
-        /// The response future of [`LlmRetry`](super::LlmRetry).
-        pub struct ResponseFuture<S, Req>
-        where
-            S: Service<Req>,
-            S::Error: Into<BoxError>,
-            Req: RetryRequest,
-        {
-            #[pin]
-            inner: tower::retry::future::ResponseFuture<RetryPolicy, ErrInto<S>, Req>,
-        }
-    }
-
-    impl<S, Req> ResponseFuture<S, Req>
-    where
-        S: Service<Req>,
-        S::Error: Into<BoxError>,
-        Req: RetryRequest,
-    {
-        pub(super) fn new(
-            inner: tower::retry::future::ResponseFuture<RetryPolicy, ErrInto<S>, Req>,
-        ) -> Self {
-            Self { inner }
-        }
-    }
-
-    impl<S, Req> Future for ResponseFuture<S, Req>
-    where
-        S: Service<Req> + Clone,
-        S::Error: Into<BoxError>,
-        Req: RetryRequest,
-    {
-        type Output = Result<S::Response, BoxError>;
-
-        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-            self.project().inner.poll(cx)
-        }
-    }
-
-    impl<S, Req> fmt::Debug for ResponseFuture<S, Req>
-    where
-        S: Service<Req>,
-        S::Error: Into<BoxError>,
-        Req: RetryRequest,
-    {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.debug_struct("ResponseFuture").finish_non_exhaustive()
-        }
-    }
-
-    pin_project! {
-        /// The wait before a retry: a sleep on tokio's clock.
-        #[derive(Debug)]
-        pub struct Delay {
-            #[pin]
-            sleep: tokio::time::Sleep,
-        }
-    }
-
-    impl Delay {
-        pub(super) fn new(duration: Duration) -> Self {
-            Self {
-                sleep: tokio::time::sleep(duration),
-            }
-        }
-    }
-
-    impl Future for Delay {
-        type Output = ();
-
-        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-            self.project().sleep.poll(cx)
-        }
+        let copy = policy.retries().then(|| req.clone());
+        future::ResponseFuture::new(self.inner.call(req), copy, self.shared.clone())
     }
 }

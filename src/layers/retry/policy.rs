@@ -105,6 +105,11 @@ impl RetryPolicy {
         self.budget.as_ref()
     }
 
+    /// Whether a call may be sent more than once (and so needs a copy).
+    pub(super) fn retries(&self) -> bool {
+        self.max_attempts > 1
+    }
+
     /// How long to wait before the next attempt, or `None` to give up.
     fn next_delay<Req: RetryRequest>(
         &self,
@@ -186,6 +191,6 @@ where
     }
 
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
-        (self.max_attempts > 1).then(|| req.clone())
+        self.retries().then(|| req.clone())
     }
 }

@@ -25,8 +25,15 @@ pub trait RetryRequest: HasContext + Clone {
 }
 
 impl RetryRequest for ModelCall {
+    #[inline]
     fn guard(&mut self) {
-        StreamGuard::install(&mut self.stream, &mut self.extensions);
+        // Read first: a call with nothing to guard is not written to (a
+        // write copies parts a clone shares).
+        if self.stream.is_none() || self.extensions.get::<StreamGuard>().is_some() {
+            return;
+        }
+        let parts = &mut **self;
+        StreamGuard::install(&mut parts.stream, &mut parts.extensions);
     }
 
     fn replay_safe(&self) -> bool {

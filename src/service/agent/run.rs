@@ -17,7 +17,7 @@ use super::Config;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::hooks::{installed, RunOutcome, RunStart, StickyApprovals};
-use crate::request::{BoxModel, DeltaSink, ModelCall, RunInput, RunRequest};
+use crate::request::{BoxModel, DeltaSink, ModelCall, ModelCallParts, RunInput, RunRequest};
 use crate::types::{
     AgentRun, Checkpoint, History, Message, ModelDelta, ModelRequest, ModelResponse, Role,
     RunStatus, StopReason,
@@ -479,7 +479,7 @@ fn model_call(
     hold: bool,
     extensions: &http::Extensions,
 ) -> ModelCall {
-    ModelCall {
+    ModelCall::from_parts(ModelCallParts {
         request: ModelRequest {
             model: config.model_name.clone(),
             messages: messages.clone(),
@@ -494,7 +494,7 @@ fn model_call(
         },
         context: ctx.clone(),
         extensions: extensions.clone(),
-    }
+    })
 }
 
 #[cfg(test)]

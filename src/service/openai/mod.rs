@@ -65,7 +65,7 @@
 //!
 //! # Streaming
 //!
-//! When the call has a sink ([`ModelCall::stream`]), the request asks for
+//! When the call has a sink ([`ModelCall::stream`](crate::ModelCallParts::stream)), the request asks for
 //! server-sent events with `stream_options.include_usage`, and each piece is
 //! forwarded as it arrives: text as [`ModelDelta::Text`], tool-call pieces as
 //! [`ModelDelta::ToolCall`] (joined by their `index` into the final calls),
