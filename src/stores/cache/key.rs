@@ -4,7 +4,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
-use xxhash_rust::xxh3::Xxh3Default;
+use xxhash_rust::xxh3::{xxh3_128, Xxh3Default};
 
 use crate::types::{ModelRequest, ModelSettings, ResponseFormat, ToolChoice, ToolSpec};
 
@@ -67,33 +67,43 @@ impl fmt::Display for CacheKey {
     }
 }
 
-/// Feeds serde_json's output straight into a hasher: no buffer.
-struct HashWriter<'a>(&'a mut Xxh3Default);
-
-impl std::io::Write for HashWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+/// The hasher's input, every part length-prefixed or of a fixed size, so no
+/// two different requests feed it the same bytes. A request's input
+/// usually fits on the stack and is hashed in one go; a longer one streams
+/// into an XXH3 state (which hashes the same bytes to the same value).
+struct Input {
+    buf: [u8; INLINE],
+    len: usize,
+    stream: Option<Box<Xxh3Default>>,
 }
 
-/// The hasher's input, every part length-prefixed or of a fixed size, so no
-/// two different requests feed it the same bytes.
-struct Input(Xxh3Default);
+/// What fits on the stack: a request with default settings and a model
+/// name of up to 60 bytes.
+const INLINE: usize = 128;
 
 impl Input {
     fn new() -> Self {
-        let mut input = Input(Xxh3Default::new());
+        let mut input = Input {
+            buf: [0; INLINE],
+            len: 0,
+            stream: None,
+        };
         input.bytes(VERSION);
         input
     }
 
     fn bytes(&mut self, bytes: &[u8]) {
-        self.0.update(bytes);
+        if let Some(stream) = &mut self.stream {
+            stream.update(bytes);
+        } else if let Some(room) = self.buf.get_mut(self.len..self.len + bytes.len()) {
+            room.copy_from_slice(bytes);
+            self.len += bytes.len();
+        } else {
+            let mut stream = Box::new(Xxh3Default::new());
+            stream.update(&self.buf[..self.len]);
+            stream.update(bytes);
+            self.stream = Some(stream);
+        }
     }
 
     fn len(&mut self, len: usize) {
@@ -119,12 +129,28 @@ impl Input {
     /// `value` as its JSON, which ends where its own syntax says: no
     /// length prefix needed.
     fn json<T: serde::Serialize + ?Sized>(&mut self, value: &T) {
-        // Serializing plain data into a hasher cannot fail.
-        let _ = serde_json::to_writer(HashWriter(&mut self.0), value);
+        // Serializing plain data into the input cannot fail.
+        let _ = serde_json::to_writer(self, value);
     }
 
     fn finish(self) -> [u8; 16] {
-        self.0.digest128().to_le_bytes()
+        let hash = match &self.stream {
+            Some(stream) => stream.digest128(),
+            None => xxh3_128(&self.buf[..self.len]),
+        };
+        hash.to_le_bytes()
+    }
+}
+
+/// serde_json writes straight into the input: no buffer of its own.
+impl std::io::Write for &mut Input {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.bytes(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -315,6 +341,30 @@ mod tests {
             CacheKey::of(&request).to_hex(),
             "65cbf665020d850521bfbf672688b800"
         );
+    }
+
+    #[test]
+    fn a_long_input_streams_to_what_one_pass_gives() {
+        let long = "x".repeat(3 * INLINE);
+        for split in [0, 1, INLINE - 1, INLINE, INLINE + 1, 2 * INLINE] {
+            let mut input = Input::new();
+            input.bytes(&long.as_bytes()[..split]);
+            input.bytes(&long.as_bytes()[split..]);
+            assert_eq!(input.stream.is_some(), VERSION.len() + long.len() > INLINE);
+            let mut all = VERSION.to_vec();
+            all.extend_from_slice(long.as_bytes());
+            assert_eq!(
+                input.finish(),
+                xxh3_128(&all).to_le_bytes(),
+                "split at {split}"
+            );
+        }
+        let mut request = ModelRequest::new(long.as_str(), vec![Message::user("hi")]);
+        request.settings.stop = vec![long.clone()];
+        assert_ne!(CacheKey::of(&request), {
+            request.settings.stop = vec![long[1..].to_owned()];
+            CacheKey::of(&request)
+        });
     }
 
     #[test]
