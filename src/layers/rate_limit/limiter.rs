@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
-use super::bucket::{Bucket, Grant};
+use super::bucket::{Bucket, Epoch, Grant};
 use super::limits::{Config, EstimateFn, KeyFn, Limits};
 use super::remote::Remote;
 use crate::request::ModelCall;
@@ -50,7 +50,7 @@ struct KeyState {
 }
 
 impl KeyState {
-    fn refill(&mut self, now: Instant) {
+    fn refill(&mut self, now: u64) {
         if let Some(b) = &mut self.requests {
             b.refill(now);
         }
@@ -101,7 +101,7 @@ impl KeyState {
 
     /// Whether the key is what a fresh one would be: full buckets, nobody
     /// queued.
-    fn is_idle(&mut self, now: Instant) -> bool {
+    fn is_idle(&mut self, now: u64) -> bool {
         if !self.queue.is_empty() || self.holders > 0 {
             return false;
         }
@@ -121,13 +121,18 @@ impl KeyState {
 /// key that waits or holds a part of the quota.
 pub(super) struct KeyShared {
     key: Arc<str>,
+    /// What the buckets' times count from: the key's creation.
+    epoch: Epoch,
     state: Mutex<KeyState>,
 }
 
 impl KeyShared {
-    fn new(key: Arc<str>, limits: Limits, now: Instant) -> Self {
+    fn new(key: Arc<str>, limits: Limits, created: Instant) -> Self {
+        let epoch = Epoch::new(created);
+        let now = 0;
         Self {
             key,
+            epoch,
             state: Mutex::new(KeyState {
                 requests: limits.request_rate().map(|r| Bucket::new(r, now)),
                 tokens: limits.token_rate().map(|r| Bucket::new(r, now)),
@@ -143,6 +148,11 @@ impl KeyShared {
         &self.key
     }
 
+    /// Whether the key is what a fresh one would be at `now`.
+    fn is_idle(&self, now: Instant) -> bool {
+        self.state().is_idle(self.epoch.nanos(now))
+    }
+
     fn state(&self) -> MutexGuard<'_, KeyState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -152,15 +162,15 @@ impl KeyShared {
     ///
     /// # Errors
     ///
-    /// When the call would wait longer than `max_wait`: how long it would
-    /// wait. Nothing is taken or queued then.
+    /// When the call would wait longer than `max_wait`: the key and how
+    /// long the call would wait. Nothing is taken or queued then.
     pub(super) fn arrive(
-        self: &Arc<Self>,
+        self: Arc<Self>,
         requests: u64,
         tokens: u64,
         max_wait: Duration,
-    ) -> Result<Arrival, Duration> {
-        let now = Instant::now();
+    ) -> Result<Arrival, Refused> {
+        let now = self.epoch.now();
         let mut state = self.state();
         state.refill(now);
         let requests = state.requests.as_ref().map_or(0, |b| b.clamp(requests));
@@ -175,14 +185,18 @@ impl KeyShared {
             let (request_grant, token_grant) = state.take(requests, tokens);
             drop(state);
             return Ok(Arrival::Admitted(Ticket::new(
-                self.clone(),
+                self,
                 request_grant,
                 token_grant,
             )));
         }
         let wait = state.wait_at(position, requests, tokens);
         if wait > max_wait {
-            return Err(wait);
+            drop(state);
+            return Err(Refused {
+                key: self,
+                retry_after: wait,
+            });
         }
         let id = state.next_id;
         state.next_id += 1;
@@ -198,7 +212,7 @@ impl KeyShared {
         }
         drop(state);
         Ok(Arrival::Queued(Waiter {
-            shared: self.clone(),
+            shared: self,
             id,
             sleep: None,
             admitted: false,
@@ -208,7 +222,7 @@ impl KeyShared {
     /// Admits waiter `id` if it is the head and its needs fit; otherwise
     /// keeps its waker, and says until when the head must wait.
     fn poll_admit(&self, id: u64, waker: &Waker) -> Admit {
-        let now = Instant::now();
+        let now = self.epoch.now();
         let mut state = self.state();
         state.refill(now);
         let Some(index) = state.queue.iter().position(|q| q.id == id) else {
@@ -225,7 +239,8 @@ impl KeyShared {
         let (requests, tokens) = (entry.requests, entry.tokens);
         let wait = state.wait_at(0, requests, tokens);
         if !wait.is_zero() {
-            return Admit::WaitUntil(now + wait);
+            let wait = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+            return Admit::WaitUntil(self.epoch.instant(now.saturating_add(wait)));
         }
         let (request_grant, token_grant) = state.take(requests, tokens);
         state.queue.pop_front();
@@ -251,7 +266,7 @@ impl KeyShared {
     }
 
     fn release(&self, requests: Option<&Grant>, tokens: Option<&Grant>) {
-        let now = Instant::now();
+        let now = self.epoch.now();
         let mut state = self.state();
         state.refill(now);
         if let (Some(bucket), Some(grant)) = (&mut state.requests, requests) {
@@ -270,7 +285,7 @@ impl KeyShared {
         if actual == grant.amount {
             return;
         }
-        let now = Instant::now();
+        let now = self.epoch.now();
         let mut state = self.state();
         let Some(bucket) = &mut state.tokens else {
             return;
@@ -321,9 +336,15 @@ impl Keys {
     /// sweeping costs O(1) per new key.
     fn sweep(&mut self, idle_keys: usize, now: Instant) {
         self.map
-            .retain(|_, shared| Arc::strong_count(shared) > 1 || !shared.state().is_idle(now));
+            .retain(|_, shared| Arc::strong_count(shared) > 1 || !shared.is_idle(now));
         self.sweep_at = self.map.len() + self.map.len().max(idle_keys);
     }
+}
+
+/// A call refused on arrival: it would wait longer than it may.
+pub(super) struct Refused {
+    pub(super) key: Arc<KeyShared>,
+    pub(super) retry_after: Duration,
 }
 
 /// The outcome of arriving at a key's queue.
@@ -526,30 +547,31 @@ impl fmt::Debug for Waiter {
 /// it gives it back; once sent, its tokens are settled with the real usage,
 /// or kept as reserved if the call failed.
 pub(super) struct Ticket {
-    shared: Arc<KeyShared>,
+    /// `None` once sent: the ticket is then a [`Settlement`].
+    shared: Option<Arc<KeyShared>>,
     requests: Option<Grant>,
     tokens: Option<Grant>,
-    sent: bool,
 }
 
 impl Ticket {
     fn new(shared: Arc<KeyShared>, requests: Option<Grant>, tokens: Option<Grant>) -> Self {
         Self {
-            shared,
+            shared: Some(shared),
             requests,
             tokens,
-            sent: false,
         }
     }
 
     /// The state of the ticket's key.
     pub(super) fn shared(&self) -> &Arc<KeyShared> {
-        &self.shared
+        self.shared
+            .as_ref()
+            .expect("a ticket holds its key until it is sent")
     }
 
     /// The key's name.
     pub(super) fn key(&self) -> &str {
-        self.shared.key()
+        self.shared().key()
     }
 
     /// Takes over what `other` (of the same key) holds.
@@ -558,26 +580,48 @@ impl Ticket {
         self.tokens = self.tokens.or(other.tokens.take());
     }
 
-    /// The call went out: from now on, dropping keeps the reservation.
-    pub(super) fn sent(&mut self) {
-        self.sent = true;
+    /// The call went out: from now on the reservation is kept, and only
+    /// the tokens are settled, with the response's usage.
+    pub(super) fn send(mut self) -> Settlement {
+        Settlement {
+            shared: self.shared.take().expect("a ticket is sent once"),
+            tokens: self.tokens.take(),
+        }
     }
+}
 
+/// What a call that went out still has to settle: its token reservation.
+/// Smaller than its [`Ticket`], as it moves with the response future.
+pub(super) struct Settlement {
+    shared: Arc<KeyShared>,
+    tokens: Option<Grant>,
+}
+
+impl Settlement {
     /// Charges the difference between the real token count and the
     /// reservation, or refunds it. Once: the tokens are then settled.
     pub(super) fn settle(&mut self, actual_tokens: u64) {
-        debug_assert!(self.sent, "settled before it was sent");
         if let Some(grant) = self.tokens.take() {
             self.shared.settle(&grant, actual_tokens);
         }
     }
 }
 
+impl fmt::Debug for Settlement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settlement")
+            .field("key", &self.shared.key())
+            .field("tokens", &self.tokens.map(|g| g.amount))
+            .finish()
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if !self.sent && (self.requests.is_some() || self.tokens.is_some()) {
-            self.shared
-                .release(self.requests.as_ref(), self.tokens.as_ref());
+        if let Some(shared) = &self.shared {
+            if self.requests.is_some() || self.tokens.is_some() {
+                shared.release(self.requests.as_ref(), self.tokens.as_ref());
+            }
         }
     }
 }
@@ -585,10 +629,9 @@ impl Drop for Ticket {
 impl fmt::Debug for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Ticket")
-            .field("key", &self.key())
+            .field("key", &self.shared.as_ref().map(|shared| shared.key()))
             .field("requests", &self.requests.map(|g| g.amount))
             .field("tokens", &self.tokens.map(|g| g.amount))
-            .field("sent", &self.sent)
             .finish()
     }
 }

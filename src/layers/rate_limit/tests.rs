@@ -156,8 +156,7 @@ async fn idle_keys_are_swept_and_busy_ones_kept() {
     let limiter = Limiter::new(config);
     let _first = limiter.key("first");
     // `busy` spends its second, and a call still holds its state.
-    let mut held = admit(&limiter, "busy");
-    held.sent();
+    let held = admit(&limiter, "busy").send();
     // Three tenants' calls are given back: their buckets are full again,
     // as a fresh key's would be.
     for i in 0..3 {
