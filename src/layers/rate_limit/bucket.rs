@@ -124,6 +124,11 @@ impl Bucket {
         self.updated = now;
     }
 
+    /// When the bucket was last refilled.
+    pub(super) fn updated(&self) -> u64 {
+        self.updated
+    }
+
     /// Whether the bucket is full: what a fresh one would be.
     pub(super) fn is_full(&self) -> bool {
         self.level >= self.cap

@@ -11,8 +11,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::Service;
 
-use super::limiter::{Settlement, Ticket, Waiter};
 use super::remote::{RemoteTicket, RemoteWait};
+use super::ticket::{Settlement, Ticket, Waiter};
 use crate::error::{AgentError, BoxError, RateLimited};
 use crate::event::AgentEvent;
 use crate::request::ModelCall;

@@ -143,9 +143,11 @@ mod bucket;
 mod layer;
 mod limiter;
 mod limits;
+mod posts;
 mod remote;
 #[cfg(test)]
 mod tests;
+mod ticket;
 
 pub mod future;
 
@@ -164,7 +166,8 @@ use tower::Service;
 use crate::error::BoxError;
 use crate::request::ModelCall;
 use crate::types::ModelResponse;
-use limiter::{Arrival, KeyShared, Limiter, Refused, Ticket, Waiter};
+use limiter::{Arrival, KeyShared, Limiter, Refused};
+use ticket::{Ticket, Waiter};
 
 /// What `poll_ready` holds for the next call (with a fixed key).
 enum Slot {
