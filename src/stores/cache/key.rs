@@ -92,6 +92,7 @@ impl Input {
         input
     }
 
+    #[inline]
     fn bytes(&mut self, bytes: &[u8]) {
         if let Some(stream) = &mut self.stream {
             stream.update(bytes);
@@ -106,16 +107,19 @@ impl Input {
         }
     }
 
+    #[inline]
     fn len(&mut self, len: usize) {
         self.bytes(&(len as u64).to_le_bytes());
     }
 
+    #[inline]
     fn str(&mut self, text: &str) {
         self.len(text.len());
         self.bytes(text.as_bytes());
     }
 
     /// A tag byte: `0` for `None`, else `1` and what `write` feeds.
+    #[inline]
     fn option<T>(&mut self, value: Option<&T>, write: impl FnOnce(&mut Self, &T)) {
         match value {
             None => self.bytes(&[0]),
