@@ -92,7 +92,7 @@ impl Input {
         input
     }
 
-    #[inline]
+    #[inline(always)]
     fn bytes(&mut self, bytes: &[u8]) {
         if let Some(stream) = &mut self.stream {
             stream.update(bytes);
@@ -164,9 +164,37 @@ fn tools_digest(tools: &[ToolSpec]) -> [u8; 16] {
     input.finish()
 }
 
+/// What [`settings`] feeds for the default settings: every option `None`
+/// (a `0` tag), and no stop sequence (a zero length).
+const DEFAULT_SETTINGS: [u8; 13] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+
 /// Every field, named, so a field added to the settings cannot be left out
 /// of the key unnoticed.
 fn settings(input: &mut Input, settings: &ModelSettings) {
+    let ModelSettings {
+        temperature,
+        max_tokens,
+        stop,
+        response_format,
+        parallel_tool_calls,
+        tool_choice,
+    } = settings;
+    if temperature.is_none()
+        && max_tokens.is_none()
+        && stop.is_empty()
+        && response_format.is_none()
+        && parallel_tool_calls.is_none()
+        && tool_choice.is_none()
+    {
+        // The common case in one write.
+        input.bytes(&DEFAULT_SETTINGS);
+        return;
+    }
+    all_settings(input, settings);
+}
+
+/// What [`settings`] feeds, field by field.
+fn all_settings(input: &mut Input, settings: &ModelSettings) {
     let ModelSettings {
         temperature,
         max_tokens,
@@ -210,9 +238,12 @@ fn settings(input: &mut Input, settings: &ModelSettings) {
 fn compose(request: &ModelRequest, tools: [u8; 16]) -> CacheKey {
     let mut input = Input::new();
     input.str(&request.model);
-    input.len(request.messages.len());
-    input.bytes(&request.messages.digest());
-    input.bytes(&tools);
+    // The message count, the history's digest and the tools', in one write.
+    let mut fixed = [0; 40];
+    fixed[..8].copy_from_slice(&(request.messages.len() as u64).to_le_bytes());
+    fixed[8..24].copy_from_slice(&request.messages.digest());
+    fixed[24..].copy_from_slice(&tools);
+    input.bytes(&fixed);
     settings(&mut input, &request.settings);
     CacheKey(input.finish())
 }
@@ -369,6 +400,15 @@ mod tests {
             request.settings.stop = vec![long[1..].to_owned()];
             CacheKey::of(&request)
         });
+    }
+
+    #[test]
+    fn the_default_settings_feed_what_each_field_would() {
+        let (mut short, mut long) = (Input::new(), Input::new());
+        settings(&mut short, &ModelSettings::default());
+        all_settings(&mut long, &ModelSettings::default());
+        assert_eq!(short.len, VERSION.len() + DEFAULT_SETTINGS.len());
+        assert_eq!(short.finish(), long.finish());
     }
 
     #[test]
