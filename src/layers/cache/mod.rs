@@ -1,8 +1,8 @@
 //! A response cache for model calls: an identical request is answered from
 //! the cache, without the model.
 //!
-//! The key ([`CacheKey`]) is a SHA-256 of the request's model name, messages,
-//! tools and settings. The messages enter through
+//! The key ([`CacheKey`]) is a 128-bit XXH3 hash of the request's model
+//! name, messages, tools and settings. The messages enter through
 //! [`History::digest`](crate::types::History::digest), an incremental prefix
 //! chain, so a turn's key costs O(new messages), not O(history); the tool
 //! list's digest is remembered while the agent keeps sending the same list.

@@ -3,12 +3,44 @@
 //!
 //! Levels are kept as integers scaled by `per` in nanoseconds, so a bucket
 //! refills exactly `amount` per elapsed nanosecond: no rounding drift.
+//! Times are nanoseconds since the key's [`Epoch`]: plain integers, read
+//! from the clock once per operation.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::limits::Rate;
+
+/// The instant a key's times count from.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Epoch(Instant);
+
+impl Epoch {
+    pub(super) fn new(now: Instant) -> Self {
+        Self(now)
+    }
+
+    /// The nanoseconds from the epoch to `at` (zero before it; a year
+    /// short of `u64::MAX` nanoseconds, 584 years, at most).
+    pub(super) fn nanos(self, at: Instant) -> u64 {
+        let nanos = at.saturating_duration_since(self.0).as_nanos();
+        u64::try_from(nanos).unwrap_or(u64::MAX).min(LAST)
+    }
+
+    /// The nanoseconds from the epoch to now.
+    pub(super) fn now(self) -> u64 {
+        self.nanos(Instant::now())
+    }
+
+    /// The instant `nanos` after the epoch.
+    pub(super) fn instant(self, nanos: u64) -> Instant {
+        self.0 + Duration::from_nanos(nanos)
+    }
+}
+
+/// The last time an epoch counts to, so adding a wait cannot overflow.
+const LAST: u64 = u64::MAX - MAX_WAIT.as_nanos() as u64;
 
 /// Waits longer than this are reported as this (a year), so `Instant`
 /// arithmetic cannot overflow.
@@ -23,7 +55,8 @@ const MAX_WAIT: Duration = Duration::from_secs(365 * 86_400);
 #[repr(C, packed(8))]
 pub(super) struct Grant {
     pub(super) amount: u64,
-    at: Instant,
+    /// Nanoseconds since the key's epoch.
+    at: u64,
     /// The bucket's level right after the grant.
     level_after: i128,
     /// The bucket's refund counter at the grant.
@@ -38,13 +71,14 @@ pub(super) struct Bucket {
     /// `amount` units: the level of a full bucket.
     cap: i128,
     level: i128,
-    updated: Instant,
+    /// Nanoseconds since the key's epoch.
+    updated: u64,
     /// Every refund ever credited, scaled.
     credited: i128,
 }
 
 impl Bucket {
-    pub(super) fn new(rate: Rate, now: Instant) -> Self {
+    pub(super) fn new(rate: Rate, now: u64) -> Self {
         let amount = i128::from(rate.amount());
         let unit = i128::try_from(rate.per().as_nanos()).unwrap_or(i128::MAX);
         let cap = mul(amount, unit);
@@ -73,20 +107,26 @@ impl Bucket {
         n.min(u64::try_from(self.amount).unwrap_or(u64::MAX))
     }
 
-    fn refill_amount(&self, elapsed: Duration) -> i128 {
-        mul(
-            i128::try_from(elapsed.as_nanos()).unwrap_or(i128::MAX),
-            self.amount,
-        )
+    /// What `elapsed` nanoseconds refill (scaled).
+    fn refill_amount(&self, elapsed: u64) -> i128 {
+        mul(i128::from(elapsed), self.amount)
     }
 
-    pub(super) fn refill(&mut self, now: Instant) {
+    pub(super) fn refill(&mut self, now: u64) {
+        if now <= self.updated {
+            return;
+        }
         // A full bucket stays full (the level never exceeds the cap).
         if self.level < self.cap {
-            let added = self.refill_amount(now.saturating_duration_since(self.updated));
+            let added = self.refill_amount(now - self.updated);
             self.level = self.level.saturating_add(added).min(self.cap);
         }
-        self.updated = self.updated.max(now);
+        self.updated = now;
+    }
+
+    /// When the bucket was last refilled.
+    pub(super) fn updated(&self) -> u64 {
+        self.updated
     }
 
     /// Whether the bucket is full: what a fresh one would be.
@@ -128,8 +168,8 @@ impl Bucket {
     /// and the refunds since; the bucket cannot have missed more than
     /// `cap` minus that. So a refund never lets more through than a bucket
     /// that had been charged the smaller amount all along.
-    pub(super) fn refund(&mut self, grant: &Grant, n: u64, now: Instant) {
-        let since = self.refill_amount(now.saturating_duration_since(grant.at));
+    pub(super) fn refund(&mut self, grant: &Grant, n: u64, now: u64) {
+        let since = self.refill_amount(now.saturating_sub(grant.at));
         let headroom = self
             .cap
             .saturating_sub(grant.level_after)
@@ -166,11 +206,18 @@ fn mul(a: i128, b: i128) -> i128 {
 mod tests {
     use super::*;
 
+    /// The epoch of the buckets below: the test's start, on its clock.
+    fn epoch() -> Epoch {
+        thread_local!(static EPOCH: Epoch = Epoch::new(Instant::now()));
+        EPOCH.with(|e| *e)
+    }
+
+    fn clock() -> u64 {
+        epoch().now()
+    }
+
     fn bucket(amount: u64, per_secs: u64) -> Bucket {
-        Bucket::new(
-            Rate::new(amount, Duration::from_secs(per_secs)),
-            Instant::now(),
-        )
+        Bucket::new(Rate::new(amount, Duration::from_secs(per_secs)), clock())
     }
 
     #[tokio::test(start_paused = true)]
@@ -180,13 +227,13 @@ mod tests {
         let grant = b.take(800);
         // Settled at once: the 700 come back.
         let mut quick = Bucket { ..b };
-        quick.refund(&grant, 700, Instant::now());
+        quick.refund(&grant, 700, clock());
         assert_eq!(quick.level, quick.scaled(900));
 
         // Settled after the bucket would have refilled anyway: nothing
         // comes back, or another 800 could start on top of a full bucket.
         tokio::time::advance(Duration::from_secs(60)).await;
-        let now = Instant::now();
+        let now = clock();
         b.refill(now);
         assert_eq!(b.level, b.cap());
         let _other = b.take(800);
@@ -200,7 +247,7 @@ mod tests {
         let grant = b.take(800);
         // 30 s refill 500 of the 800 the grant took; 300 can still be owed.
         tokio::time::advance(Duration::from_secs(30)).await;
-        let now = Instant::now();
+        let now = clock();
         b.refill(now);
         b.refund(&grant, 700, now);
         assert_eq!(b.level, b.scaled(1_000));
@@ -208,7 +255,7 @@ mod tests {
         let grant = c.take(800);
         let _other = c.take(200);
         tokio::time::advance(Duration::from_secs(30)).await;
-        let now = Instant::now();
+        let now = clock();
         c.refill(now);
         c.refund(&grant, 700, now);
         // At 500 after the refill; only 300 of the 700 may come back.
@@ -222,7 +269,7 @@ mod tests {
             ..bucket(3, 1)
         };
         assert_eq!(b.time_for(b.scaled(1)), Duration::from_nanos(333_333_334));
-        let huge = Bucket::new(Rate::new(1, Duration::MAX), Instant::now());
+        let huge = Bucket::new(Rate::new(1, Duration::MAX), clock());
         assert_eq!(Bucket { level: 0, ..huge }.time_for(i128::MAX), MAX_WAIT);
     }
 
@@ -236,13 +283,13 @@ mod tests {
         // grants' time, or a bucket another path filled): 900 of 1,000.
         b.level = b.scaled(900);
         // A refund of 300 fits only 100 under the cap: only 100 is credited.
-        b.refund(&first, 300, Instant::now());
+        b.refund(&first, 300, clock());
         assert_eq!(b.level, b.cap());
         assert_eq!(b.credited, b.scaled(100));
         // So the second call's refund is bounded by what was really given
         // back, not by the 300 that overflowed.
         b.level = b.scaled(200);
-        b.refund(&second, 400, Instant::now());
+        b.refund(&second, 400, clock());
         // Headroom for `second`: cap - its level after (200) - refunds since
         // (100) = 700; all 400 come back.
         assert_eq!(b.level, b.scaled(600));

@@ -11,8 +11,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::Service;
 
-use super::limiter::{Ticket, Waiter};
 use super::remote::{RemoteTicket, RemoteWait};
+use super::ticket::{Settlement, Ticket, Waiter};
 use crate::error::{AgentError, BoxError, RateLimited};
 use crate::event::AgentEvent;
 use crate::request::ModelCall;
@@ -58,9 +58,9 @@ pin_project! {
         Called {
             #[pin]
             fut: F,
-            // Marked sent as the inner service was called; settled when
-            // it answers.
-            ticket: Option<Ticket>,
+            // Sent as the inner service was called; settled when it
+            // answers.
+            settlement: Option<Settlement>,
             // The same, for a quota behind a store (boxed: the in-memory
             // path's future stays as small as it was).
             remote: Option<Box<RemoteTicket>>,
@@ -106,12 +106,11 @@ where
         }
     }
 
-    pub(super) fn called(fut: S::Future, mut ticket: Ticket) -> Self {
-        ticket.sent();
+    pub(super) fn called(fut: S::Future, ticket: Ticket) -> Self {
         Self {
             state: State::Called {
                 fut,
-                ticket: Some(ticket),
+                settlement: Some(ticket.send()),
                 remote: None,
             },
         }
@@ -196,7 +195,7 @@ where
                         *waiter = None;
                         *ticket = Some(super::merged(ticket.take(), admitted));
                     }
-                    let mut ticket = ticket.take().expect("admitted before the call");
+                    let ticket = ticket.take().expect("admitted before the call");
                     let call = call.take().expect("called once");
                     if !waited.is_zero() {
                         let ctx = &call.context;
@@ -207,10 +206,9 @@ where
                         });
                     }
                     let fut = inner.call(call);
-                    ticket.sent();
                     State::Called {
                         fut,
-                        ticket: Some(ticket),
+                        settlement: Some(ticket.send()),
                         remote: None,
                     }
                 }
@@ -233,21 +231,21 @@ where
                     }
                     State::Called {
                         fut: inner.call(call),
-                        ticket: None,
+                        settlement: None,
                         remote: ticket.map(Box::new),
                     }
                 }
                 StateProj::Called {
                     fut,
-                    ticket,
+                    settlement,
                     remote,
                 } => {
                     let output = fut.poll(cx);
                     // A failed call keeps its reservation.
                     if let Poll::Ready(Ok(response)) = &output {
                         let actual = response.usage.total_tokens();
-                        if let Some(ticket) = ticket {
-                            ticket.settle(actual);
+                        if let Some(settlement) = settlement {
+                            settlement.settle(actual);
                         }
                         if let Some(remote) = remote.take() {
                             remote.settle(actual);
@@ -283,9 +281,9 @@ where
                 .debug_struct("ResponseFuture::Remote")
                 .field("wait", &waiting.wait)
                 .finish_non_exhaustive(),
-            State::Called { ticket, .. } => f
+            State::Called { settlement, .. } => f
                 .debug_struct("ResponseFuture::Called")
-                .field("ticket", ticket)
+                .field("settlement", settlement)
                 .finish_non_exhaustive(),
         }
     }

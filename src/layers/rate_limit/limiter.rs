@@ -10,7 +10,10 @@
 //! Each key's state sits behind its own lock in a [`KeyShared`], found once
 //! per call: the [`Waiter`] and [`Ticket`] of a call hold it, so settling,
 //! releasing and leaving go straight to it. The first key a layer sees (the
-//! only one, for a layer bound to one model) is found without the map.
+//! only one, for a layer bound to one model) is found without the map. A
+//! call admitted at once takes the lock once: its settlement is posted
+//! without it (see [`posts`](super::posts)) and applied by whoever takes
+//! the lock next.
 //!
 //! A key nobody holds whose buckets are full is what a fresh key would be:
 //! such idle keys leave the map when it grows past its sweep mark, so the
@@ -18,17 +21,17 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::Waker;
 use std::time::Duration;
 
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
-use super::bucket::{Bucket, Grant};
+use super::bucket::{Bucket, Epoch, Grant};
 use super::limits::{Config, EstimateFn, KeyFn, Limits};
+use super::posts::{self, InFlight, Posts};
 use super::remote::Remote;
+use super::ticket::{Ticket, Waiter};
 use crate::request::ModelCall;
 use crate::tokens::{request_tokens, TokenCounters};
 
@@ -39,6 +42,10 @@ struct Queued {
     waker: Option<Waker>,
 }
 
+/// What a call takes: its request and token grants, and the slot its
+/// settlement is posted in.
+pub(super) type Taken = (Option<Grant>, Option<Grant>, Option<u8>);
+
 struct KeyState {
     requests: Option<Bucket>,
     tokens: Option<Bucket>,
@@ -47,10 +54,22 @@ struct KeyState {
     queue: VecDeque<Queued>,
     holders: usize,
     next_id: u64,
+    /// The token grants of calls whose settlement is posted without the
+    /// lock.
+    inflight: InFlight,
 }
 
 impl KeyState {
-    fn refill(&mut self, now: Instant) {
+    /// Applies the settlements posted since the lock was last taken, then
+    /// refills to `now`.
+    fn catch_up(&mut self, posts: &Posts, now: u64) {
+        if self.inflight.any() && self.inflight.apply(posts, self.tokens.as_mut()) {
+            self.wake_head();
+        }
+        self.refill(now);
+    }
+
+    fn refill(&mut self, now: u64) {
         if let Some(b) = &mut self.requests {
             b.refill(now);
         }
@@ -88,24 +107,29 @@ impl KeyState {
         holds(&self.requests, requests) && holds(&self.tokens, tokens)
     }
 
-    fn take(&mut self, requests: u64, tokens: u64) -> (Option<Grant>, Option<Grant>) {
+    /// Takes `requests` and `tokens`; the token grant holds a slot to post
+    /// its settlement in, when one is free.
+    fn take(&mut self, requests: u64, tokens: u64) -> Taken {
         let take = |bucket: &mut Option<Bucket>, n: u64| match bucket {
             Some(b) if n > 0 => Some(b.take(n)),
             _ => None,
         };
-        (
-            take(&mut self.requests, requests),
-            take(&mut self.tokens, tokens),
-        )
+        let request_grant = take(&mut self.requests, requests);
+        let token_grant = take(&mut self.tokens, tokens);
+        let slot = token_grant.and_then(|grant| self.inflight.hold(grant));
+        (request_grant, token_grant, slot)
     }
 
     /// Whether the key is what a fresh one would be: full buckets, nobody
     /// queued.
-    fn is_idle(&mut self, now: Instant) -> bool {
+    fn is_idle(&mut self, posts: &Posts, now: u64) -> bool {
         if !self.queue.is_empty() || self.holders > 0 {
             return false;
         }
-        self.refill(now);
+        self.catch_up(posts, now);
+        if self.inflight.any() {
+            return false;
+        }
         self.requests.as_ref().is_none_or(Bucket::is_full)
             && self.tokens.as_ref().is_none_or(Bucket::is_full)
     }
@@ -121,26 +145,40 @@ impl KeyState {
 /// key that waits or holds a part of the quota.
 pub(super) struct KeyShared {
     key: Arc<str>,
+    /// What the buckets' times count from: the key's creation.
+    epoch: Epoch,
     state: Mutex<KeyState>,
+    /// Settlements posted without `state`'s lock.
+    posts: Posts,
 }
 
 impl KeyShared {
-    fn new(key: Arc<str>, limits: Limits, now: Instant) -> Self {
+    fn new(key: Arc<str>, limits: Limits, created: Instant) -> Self {
+        let epoch = Epoch::new(created);
+        let now = 0;
         Self {
             key,
+            epoch,
             state: Mutex::new(KeyState {
                 requests: limits.request_rate().map(|r| Bucket::new(r, now)),
                 tokens: limits.token_rate().map(|r| Bucket::new(r, now)),
                 queue: VecDeque::new(),
                 holders: 0,
                 next_id: 0,
+                inflight: InFlight::default(),
             }),
+            posts: Posts::new(),
         }
     }
 
     /// The key's name.
     pub(super) fn key(&self) -> &str {
         &self.key
+    }
+
+    /// Whether the key is what a fresh one would be at `now`.
+    fn is_idle(&self, now: Instant) -> bool {
+        self.state().is_idle(&self.posts, self.epoch.nanos(now))
     }
 
     fn state(&self) -> MutexGuard<'_, KeyState> {
@@ -152,17 +190,17 @@ impl KeyShared {
     ///
     /// # Errors
     ///
-    /// When the call would wait longer than `max_wait`: how long it would
-    /// wait. Nothing is taken or queued then.
+    /// When the call would wait longer than `max_wait`: the key and how
+    /// long the call would wait. Nothing is taken or queued then.
     pub(super) fn arrive(
-        self: &Arc<Self>,
+        self: Arc<Self>,
         requests: u64,
         tokens: u64,
         max_wait: Duration,
-    ) -> Result<Arrival, Duration> {
-        let now = Instant::now();
+    ) -> Result<Arrival, Refused> {
+        let now = self.epoch.now();
         let mut state = self.state();
-        state.refill(now);
+        state.catch_up(&self.posts, now);
         let requests = state.requests.as_ref().map_or(0, |b| b.clamp(requests));
         let tokens = state.tokens.as_ref().map_or(0, |b| b.clamp(tokens));
         let holder = requests == 0;
@@ -172,17 +210,17 @@ impl KeyShared {
             state.queue.len()
         };
         if position == 0 && state.fits(requests, tokens) {
-            let (request_grant, token_grant) = state.take(requests, tokens);
+            let taken = state.take(requests, tokens);
             drop(state);
-            return Ok(Arrival::Admitted(Ticket::new(
-                self.clone(),
-                request_grant,
-                token_grant,
-            )));
+            return Ok(Arrival::Admitted(Ticket::new(self, taken)));
         }
         let wait = state.wait_at(position, requests, tokens);
         if wait > max_wait {
-            return Err(wait);
+            drop(state);
+            return Err(Refused {
+                key: self,
+                retry_after: wait,
+            });
         }
         let id = state.next_id;
         state.next_id += 1;
@@ -193,24 +231,20 @@ impl KeyShared {
             waker: None,
         };
         state.queue.insert(position, queued);
+        self.posts.set_waiting(true);
         if holder {
             state.holders += 1;
         }
         drop(state);
-        Ok(Arrival::Queued(Waiter {
-            shared: self.clone(),
-            id,
-            sleep: None,
-            admitted: false,
-        }))
+        Ok(Arrival::Queued(Waiter::new(self, id)))
     }
 
     /// Admits waiter `id` if it is the head and its needs fit; otherwise
     /// keeps its waker, and says until when the head must wait.
-    fn poll_admit(&self, id: u64, waker: &Waker) -> Admit {
-        let now = Instant::now();
+    pub(super) fn poll_admit(&self, id: u64, waker: &Waker) -> Admit {
+        let now = self.epoch.now();
         let mut state = self.state();
-        state.refill(now);
+        state.catch_up(&self.posts, now);
         let Some(index) = state.queue.iter().position(|q| q.id == id) else {
             return Admit::Gone;
         };
@@ -225,18 +259,22 @@ impl KeyShared {
         let (requests, tokens) = (entry.requests, entry.tokens);
         let wait = state.wait_at(0, requests, tokens);
         if !wait.is_zero() {
-            return Admit::WaitUntil(now + wait);
+            let wait = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+            return Admit::WaitUntil(self.epoch.instant(now.saturating_add(wait)));
         }
-        let (request_grant, token_grant) = state.take(requests, tokens);
+        let taken = state.take(requests, tokens);
         state.queue.pop_front();
         if requests == 0 {
             state.holders -= 1;
         }
+        if state.queue.is_empty() {
+            self.posts.set_waiting(false);
+        }
         state.wake_head();
-        Admit::Admitted(request_grant, token_grant)
+        Admit::Admitted(taken)
     }
 
-    fn leave(&self, id: u64) {
+    pub(super) fn leave(&self, id: u64) {
         let mut state = self.state();
         if let Some(index) = state.queue.iter().position(|q| q.id == id) {
             if let Some(left) = state.queue.remove(index) {
@@ -244,16 +282,27 @@ impl KeyShared {
                     state.holders -= 1;
                 }
             }
+            if state.queue.is_empty() {
+                self.posts.set_waiting(false);
+            }
             if index == 0 {
                 state.wake_head();
             }
         }
     }
 
-    fn release(&self, requests: Option<&Grant>, tokens: Option<&Grant>) {
-        let now = Instant::now();
+    pub(super) fn release(
+        &self,
+        requests: Option<&Grant>,
+        tokens: Option<&Grant>,
+        slot: Option<u8>,
+    ) {
+        let now = self.epoch.now();
         let mut state = self.state();
-        state.refill(now);
+        state.catch_up(&self.posts, now);
+        if let Some(slot) = slot {
+            state.inflight.free(slot);
+        }
         if let (Some(bucket), Some(grant)) = (&mut state.requests, requests) {
             bucket.refund(grant, grant.amount, now);
         }
@@ -264,23 +313,40 @@ impl KeyShared {
     }
 
     /// Charges or refunds the difference between `actual` and what `grant`
-    /// reserved. Only the token bucket is brought up to date: catching the
-    /// request bucket up now or at its next use comes to the same level.
-    fn settle(&self, grant: &Grant, actual: u64) {
+    /// reserved, under the lock: for a call that holds no slot. Only the
+    /// token bucket is brought up to date: catching the request bucket up
+    /// now or at its next use comes to the same level.
+    pub(super) fn settle(&self, grant: &Grant, actual: u64) {
         if actual == grant.amount {
             return;
         }
-        let now = Instant::now();
-        let mut state = self.state();
+        let now = self.epoch.now();
+        let mut guard = self.state();
+        let state = &mut *guard;
+        if state.inflight.any() && state.inflight.apply(&self.posts, state.tokens.as_mut()) {
+            state.wake_head();
+        }
         let Some(bucket) = &mut state.tokens else {
             return;
         };
-        bucket.refill(now);
-        if actual > grant.amount {
-            bucket.charge(actual - grant.amount);
-        } else {
-            bucket.refund(grant, grant.amount - actual, now);
+        if posts::settle(bucket, grant, actual, now) {
             state.wake_head();
+        }
+    }
+
+    /// Posts the settlement of the call holding `slot` without the lock
+    /// (`None`: the reservation is kept); takes the lock only if a call is
+    /// queued, to apply it and let the head go.
+    pub(super) fn post(&self, slot: u8, grant: &Grant, actual: Option<u64>) {
+        let actual = actual.filter(|actual| *actual != grant.amount);
+        let at = if actual.is_some() {
+            self.epoch.now()
+        } else {
+            0
+        };
+        if self.posts.post(slot, actual, at) {
+            let now = self.epoch.now();
+            self.state().catch_up(&self.posts, now);
         }
     }
 }
@@ -321,9 +387,15 @@ impl Keys {
     /// sweeping costs O(1) per new key.
     fn sweep(&mut self, idle_keys: usize, now: Instant) {
         self.map
-            .retain(|_, shared| Arc::strong_count(shared) > 1 || !shared.state().is_idle(now));
+            .retain(|_, shared| Arc::strong_count(shared) > 1 || !shared.is_idle(now));
         self.sweep_at = self.map.len() + self.map.len().max(idle_keys);
     }
+}
+
+/// A call refused on arrival: it would wait longer than it may.
+pub(super) struct Refused {
+    pub(super) key: Arc<KeyShared>,
+    pub(super) retry_after: Duration,
 }
 
 /// The outcome of arriving at a key's queue.
@@ -449,146 +521,11 @@ impl fmt::Debug for Limiter {
     }
 }
 
-enum Admit {
-    Admitted(Option<Grant>, Option<Grant>),
+/// What polling a waiter's place in the queue comes to.
+pub(super) enum Admit {
+    Admitted(Taken),
     NotHead,
     WaitUntil(Instant),
     /// The entry is not queued (cannot happen while its waiter lives).
     Gone,
-}
-
-/// A place in a key's queue. Dropped before admission, it leaves the queue.
-pub(super) struct Waiter {
-    shared: Arc<KeyShared>,
-    id: u64,
-    sleep: Option<Pin<Box<Sleep>>>,
-    admitted: bool,
-}
-
-impl Waiter {
-    /// The key's name.
-    pub(super) fn key(&self) -> &str {
-        self.shared.key()
-    }
-
-    /// Resolves once admitted.
-    pub(super) fn poll_admitted(&mut self, cx: &mut Context<'_>) -> Poll<Ticket> {
-        loop {
-            match self.shared.poll_admit(self.id, cx.waker()) {
-                Admit::Admitted(requests, tokens) => {
-                    self.admitted = true;
-                    let ticket = Ticket::new(self.shared.clone(), requests, tokens);
-                    return Poll::Ready(ticket);
-                }
-                Admit::Gone => {
-                    // Not queued: admit with nothing held rather than hang.
-                    self.admitted = true;
-                    return Poll::Ready(Ticket::new(self.shared.clone(), None, None));
-                }
-                Admit::NotHead => return Poll::Pending,
-                Admit::WaitUntil(deadline) => {
-                    let sleep = match &mut self.sleep {
-                        Some(sleep) => {
-                            sleep.as_mut().reset(deadline);
-                            sleep
-                        }
-                        None => self
-                            .sleep
-                            .insert(Box::pin(tokio::time::sleep_until(deadline))),
-                    };
-                    if sleep.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        if !self.admitted {
-            self.shared.leave(self.id);
-        }
-    }
-}
-
-impl fmt::Debug for Waiter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Waiter")
-            .field("key", &self.key())
-            .field("id", &self.id)
-            .finish_non_exhaustive()
-    }
-}
-
-/// What one call holds of a key's quota. Dropped before the call was sent,
-/// it gives it back; once sent, its tokens are settled with the real usage,
-/// or kept as reserved if the call failed.
-pub(super) struct Ticket {
-    shared: Arc<KeyShared>,
-    requests: Option<Grant>,
-    tokens: Option<Grant>,
-    sent: bool,
-}
-
-impl Ticket {
-    fn new(shared: Arc<KeyShared>, requests: Option<Grant>, tokens: Option<Grant>) -> Self {
-        Self {
-            shared,
-            requests,
-            tokens,
-            sent: false,
-        }
-    }
-
-    /// The state of the ticket's key.
-    pub(super) fn shared(&self) -> &Arc<KeyShared> {
-        &self.shared
-    }
-
-    /// The key's name.
-    pub(super) fn key(&self) -> &str {
-        self.shared.key()
-    }
-
-    /// Takes over what `other` (of the same key) holds.
-    pub(super) fn merge(&mut self, mut other: Ticket) {
-        self.requests = self.requests.or(other.requests.take());
-        self.tokens = self.tokens.or(other.tokens.take());
-    }
-
-    /// The call went out: from now on, dropping keeps the reservation.
-    pub(super) fn sent(&mut self) {
-        self.sent = true;
-    }
-
-    /// Charges the difference between the real token count and the
-    /// reservation, or refunds it. Once: the tokens are then settled.
-    pub(super) fn settle(&mut self, actual_tokens: u64) {
-        debug_assert!(self.sent, "settled before it was sent");
-        if let Some(grant) = self.tokens.take() {
-            self.shared.settle(&grant, actual_tokens);
-        }
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        if !self.sent && (self.requests.is_some() || self.tokens.is_some()) {
-            self.shared
-                .release(self.requests.as_ref(), self.tokens.as_ref());
-        }
-    }
-}
-
-impl fmt::Debug for Ticket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ticket")
-            .field("key", &self.key())
-            .field("requests", &self.requests.map(|g| g.amount))
-            .field("tokens", &self.tokens.map(|g| g.amount))
-            .field("sent", &self.sent)
-            .finish()
-    }
 }

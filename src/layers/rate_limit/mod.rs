@@ -143,9 +143,11 @@ mod bucket;
 mod layer;
 mod limiter;
 mod limits;
+mod posts;
 mod remote;
 #[cfg(test)]
 mod tests;
+mod ticket;
 
 pub mod future;
 
@@ -164,7 +166,8 @@ use tower::Service;
 use crate::error::BoxError;
 use crate::request::ModelCall;
 use crate::types::ModelResponse;
-use limiter::{Arrival, KeyShared, Limiter, Ticket, Waiter};
+use limiter::{Arrival, KeyShared, Limiter, Refused};
+use ticket::{Ticket, Waiter};
 
 /// What `poll_ready` holds for the next call (with a fixed key).
 enum Slot {
@@ -239,7 +242,7 @@ impl Slot {
                             waiter,
                             since: Instant::now(),
                         },
-                        Err(retry_after) => Slot::Refused { key, retry_after },
+                        Err(Refused { key, retry_after }) => Slot::Refused { key, retry_after },
                     };
                 }
                 Slot::Waiting { waiter, since } => {
@@ -319,7 +322,7 @@ where
         let requests = u64::from(held.is_none());
         match key.arrive(requests, tokens, max_wait) {
             // A slot held from `poll_ready` is given back as `held` drops.
-            Err(retry_after) => {
+            Err(Refused { key, retry_after }) => {
                 future::ResponseFuture::refused(RateLimited::new(key.key(), retry_after))
             }
             // Ample capacity and nothing to report: call the service made

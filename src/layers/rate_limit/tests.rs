@@ -2,7 +2,7 @@
 //! response future dropped before or after it was first polled (the
 //! inner service was called either way), a call
 //! that used exactly its estimate, the key lookup under threads, the
-//! future's `Debug`.
+//! future's `Debug`, settlements beyond the posting slots.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,8 +156,7 @@ async fn idle_keys_are_swept_and_busy_ones_kept() {
     let limiter = Limiter::new(config);
     let _first = limiter.key("first");
     // `busy` spends its second, and a call still holds its state.
-    let mut held = admit(&limiter, "busy");
-    held.sent();
+    let held = admit(&limiter, "busy").send();
     // Three tenants' calls are given back: their buckets are full again,
     // as a fresh key's would be.
     for i in 0..3 {
@@ -234,4 +233,66 @@ fn a_token_counter_counts_the_input_and_falls_back_to_four_bytes_a_token() {
         ..Config::default()
     });
     assert_eq!(custom.estimate(&call), 7);
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_beyond_the_posting_slots_settle_exactly_too() {
+    // 10,000 tokens a minute (6 ms a token); each call reserves 100 and
+    // uses 10. The first calls in flight post their settlements without
+    // the lock, the ones beyond the slots settle under it.
+    let layer = ModelRateLimitLayer::new()
+        .requests(1_000, Duration::from_secs(60))
+        .tokens(10_000, Duration::from_secs(60))
+        .estimate(|request| if request.model == "big" { 9_900 } else { 100 })
+        .key_fn(|_| "one quota".to_owned())
+        .max_wait(Duration::ZERO);
+    let mut service = layer.layer(ScriptedModel::from_fn(|_| {
+        ScriptedTurn::text("ok").usage(Usage::new(5, 5))
+    }));
+    let calls = super::posts::SLOTS + 4;
+    let mut futures = Vec::new();
+    for _ in 0..calls {
+        futures.push(service.ready().await.unwrap().call(call("m")));
+    }
+    for response in futures::future::join_all(futures).await {
+        response.unwrap();
+    }
+    // 10,000 - 12 × 10 used: 9,880 left, so 9,900 are 20 tokens away.
+    let err = service
+        .ready()
+        .await
+        .unwrap()
+        .call(call("big"))
+        .await
+        .unwrap_err();
+    let refused = err.downcast_ref::<RateLimited>().unwrap();
+    assert_eq!(refused.retry_after(), Duration::from_millis(120));
+
+    // A call that fails keeps its reservation, posted or not.
+    let failing = ModelRateLimitLayer::new()
+        .tokens(1_000, Duration::from_secs(60))
+        .estimate(|_| 400)
+        .max_wait(Duration::ZERO);
+    let (mock, mut handle) = mock::pair::<ModelCall, ModelResponse>();
+    let mut service = mock::Spawn::new(failing.layer(mock));
+    handle.allow(1);
+    assert!(service.poll_ready().is_ready());
+    let failed = service.call(call("m"));
+    let (_, respond) = handle.next_request().await.unwrap();
+    respond.send_error("provider down");
+    assert!(failed.await.is_err());
+    // 600 left: the next 400 fit, the one after waits 200 tokens (12 s).
+    handle.allow(1);
+    assert!(service.poll_ready().is_ready());
+    let ok = service.call(call("m"));
+    let (_, respond) = handle.next_request().await.unwrap();
+    let mut response = ModelResponse::new("m", Message::assistant("ok"));
+    response.usage = Usage::new(200, 200);
+    respond.send_response(response);
+    ok.await.unwrap();
+    handle.allow(1);
+    assert!(service.poll_ready().is_ready());
+    let err = service.call(call("m")).await.unwrap_err();
+    let refused = err.downcast_ref::<RateLimited>().unwrap();
+    assert_eq!(refused.retry_after(), Duration::from_secs(12));
 }

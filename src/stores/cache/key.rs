@@ -1,48 +1,57 @@
-//! The cache key: a stable SHA-256 of what decides a model's answer.
+//! The cache key: a stable 128-bit hash of what decides a model's answer.
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
-use sha2::{Digest, Sha256};
+use xxhash_rust::xxh3::{xxh3_128, Xxh3Default};
 
-use crate::types::{ModelRequest, ModelSettings, ToolSpec};
+use crate::types::{ModelRequest, ModelSettings, ResponseFormat, ToolChoice, ToolSpec};
 
 /// Changes when the key's layout changes, so old entries of a shared store
 /// are never read as new ones.
-const VERSION: &[u8] = b"tower-agent/cache/v1\0";
+const VERSION: &[u8] = b"tower-agent/cache/v2\0";
 
-/// The key a response is cached under: a SHA-256 of the request's model
-/// name, messages, tools and settings. See the [cache layer](crate::layers::cache).
+/// The key a response is cached under: a 128-bit XXH3 hash of the request's
+/// model name, messages, tools and settings. See the [cache layer](crate::layers::cache).
 ///
-/// Equal requests have equal keys, in every process and across restarts (the
-/// parts are hashed as their wire JSON), so a shared store (Redis, …) can be
-/// keyed on [`to_hex`](Self::to_hex). A change in any part gives another key.
+/// Equal requests have equal keys, in every process and across restarts
+/// (every part is hashed in a fixed binary layout, the tools and a
+/// `response_format` as their wire JSON), so a shared store (Redis, …) can
+/// be keyed on [`to_hex`](Self::to_hex). A change in any part gives another
+/// key.
 ///
-/// Computing it costs O(messages added since the history's digest was last
-/// asked for), not O(history): [`History::digest`](crate::types::History::digest)
-/// is an incremental prefix chain.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CacheKey([u8; 32]);
+/// The messages enter through [`History::digest`](crate::types::History::digest),
+/// a SHA-256 prefix chain, so computing a key costs O(messages added since
+/// the history's digest was last asked for), not O(history), and what a
+/// user writes passes through SHA-256 before it reaches the key. XXH3 itself
+/// is fast, not collision-resistant: settings or tools written by someone
+/// who wants to collide with another request's key are not defended against
+/// (give such requests a cache of their own).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CacheKey([u8; 16]);
 
 impl CacheKey {
     /// The key of `request`.
     pub fn of(request: &ModelRequest) -> CacheKey {
-        compose(request, &tools_digest(&request.tools))
+        compose(request, tools_digest(&request.tools))
     }
 
     /// The key's bytes.
-    pub fn as_bytes(&self) -> &[u8; 32] {
+    pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0
     }
 
-    /// The key as 64 lowercase hex digits, for stores keyed on strings.
+    /// The key as 32 lowercase hex digits, for stores keyed on strings.
     pub fn to_hex(&self) -> String {
-        use fmt::Write;
-        let mut hex = String::with_capacity(64);
-        for byte in self.0 {
-            let _ = write!(hex, "{byte:02x}");
-        }
-        hex
+        format!("{:032x}", u128::from_be_bytes(self.0))
+    }
+}
+
+impl Hash for CacheKey {
+    /// The key is a hash already: its bytes are fed as one integer.
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u128(u128::from_le_bytes(self.0));
     }
 }
 
@@ -58,12 +67,89 @@ impl fmt::Display for CacheKey {
     }
 }
 
-/// Feeds serde_json's output straight into a hasher: no buffer.
-struct HashWriter<'a>(&'a mut Sha256);
+/// The hasher's input, every part length-prefixed or of a fixed size, so no
+/// two different requests feed it the same bytes. A request's input
+/// usually fits on the stack and is hashed in one go; a longer one streams
+/// into an XXH3 state (which hashes the same bytes to the same value).
+struct Input {
+    buf: [u8; INLINE],
+    len: usize,
+    stream: Option<Box<Xxh3Default>>,
+}
 
-impl std::io::Write for HashWriter<'_> {
+/// What fits on the stack: a request with default settings and a model
+/// name of up to 60 bytes.
+const INLINE: usize = 128;
+
+impl Input {
+    fn new() -> Self {
+        let mut input = Input {
+            buf: [0; INLINE],
+            len: 0,
+            stream: None,
+        };
+        input.bytes(VERSION);
+        input
+    }
+
+    #[inline(always)]
+    fn bytes(&mut self, bytes: &[u8]) {
+        if let Some(stream) = &mut self.stream {
+            stream.update(bytes);
+        } else if let Some(room) = self.buf.get_mut(self.len..self.len + bytes.len()) {
+            room.copy_from_slice(bytes);
+            self.len += bytes.len();
+        } else {
+            let mut stream = Box::new(Xxh3Default::new());
+            stream.update(&self.buf[..self.len]);
+            stream.update(bytes);
+            self.stream = Some(stream);
+        }
+    }
+
+    #[inline]
+    fn len(&mut self, len: usize) {
+        self.bytes(&(len as u64).to_le_bytes());
+    }
+
+    #[inline]
+    fn str(&mut self, text: &str) {
+        self.len(text.len());
+        self.bytes(text.as_bytes());
+    }
+
+    /// A tag byte: `0` for `None`, else `1` and what `write` feeds.
+    #[inline]
+    fn option<T>(&mut self, value: Option<&T>, write: impl FnOnce(&mut Self, &T)) {
+        match value {
+            None => self.bytes(&[0]),
+            Some(value) => {
+                self.bytes(&[1]);
+                write(self, value);
+            }
+        }
+    }
+
+    /// `value` as its JSON, which ends where its own syntax says: no
+    /// length prefix needed.
+    fn json<T: serde::Serialize + ?Sized>(&mut self, value: &T) {
+        // Serializing plain data into the input cannot fail.
+        let _ = serde_json::to_writer(self, value);
+    }
+
+    fn finish(self) -> [u8; 16] {
+        let hash = match &self.stream {
+            Some(stream) => stream.digest128(),
+            None => xxh3_128(&self.buf[..self.len]),
+        };
+        hash.to_le_bytes()
+    }
+}
+
+/// serde_json writes straight into the input: no buffer of its own.
+impl std::io::Write for &mut Input {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
+        self.bytes(buf);
         Ok(buf.len())
     }
 
@@ -72,34 +158,98 @@ impl std::io::Write for HashWriter<'_> {
     }
 }
 
-fn tools_digest(tools: &[ToolSpec]) -> [u8; 32] {
-    let mut hasher = Sha256::new();
-    // Serializing plain data into a hasher cannot fail.
-    let _ = serde_json::to_writer(HashWriter(&mut hasher), tools);
-    hasher.finalize().into()
+fn tools_digest(tools: &[ToolSpec]) -> [u8; 16] {
+    let mut input = Input::new();
+    input.json(tools);
+    input.finish()
 }
 
-fn settings_digest(hasher: &mut Sha256, settings: &ModelSettings) {
-    let _ = serde_json::to_writer(HashWriter(hasher), settings);
+/// What [`settings`] feeds for the default settings: every option `None`
+/// (a `0` tag), and no stop sequence (a zero length).
+const DEFAULT_SETTINGS: [u8; 13] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+
+/// Every field, named, so a field added to the settings cannot be left out
+/// of the key unnoticed.
+fn settings(input: &mut Input, settings: &ModelSettings) {
+    let ModelSettings {
+        temperature,
+        max_tokens,
+        stop,
+        response_format,
+        parallel_tool_calls,
+        tool_choice,
+    } = settings;
+    if temperature.is_none()
+        && max_tokens.is_none()
+        && stop.is_empty()
+        && response_format.is_none()
+        && parallel_tool_calls.is_none()
+        && tool_choice.is_none()
+    {
+        // The common case in one write.
+        input.bytes(&DEFAULT_SETTINGS);
+        return;
+    }
+    all_settings(input, settings);
 }
 
-/// Every part is length-prefixed or fixed-size, so no two different requests
-/// feed the hasher the same bytes.
-fn compose(request: &ModelRequest, tools: &[u8; 32]) -> CacheKey {
-    let mut hasher = Sha256::new();
-    hasher.update(VERSION);
-    hasher.update((request.model.len() as u64).to_le_bytes());
-    hasher.update(request.model.as_bytes());
-    hasher.update((request.messages.len() as u64).to_le_bytes());
-    hasher.update(request.messages.digest());
-    hasher.update(tools);
-    // Last, so its length needs no prefix.
-    settings_digest(&mut hasher, &request.settings);
-    CacheKey(hasher.finalize().into())
+/// What [`settings`] feeds, field by field.
+fn all_settings(input: &mut Input, settings: &ModelSettings) {
+    let ModelSettings {
+        temperature,
+        max_tokens,
+        stop,
+        response_format,
+        parallel_tool_calls,
+        tool_choice,
+    } = settings;
+    input.option(temperature.as_ref(), |input, t| {
+        input.bytes(&t.to_bits().to_le_bytes())
+    });
+    input.option(max_tokens.as_ref(), |input, n| {
+        input.bytes(&n.to_le_bytes())
+    });
+    input.len(stop.len());
+    for stop in stop {
+        input.str(stop);
+    }
+    input.option(response_format.as_ref(), |input, format| match format {
+        ResponseFormat::Text => input.bytes(&[0]),
+        ResponseFormat::JsonObject => input.bytes(&[1]),
+        ResponseFormat::JsonSchema { json_schema } => {
+            input.bytes(&[2]);
+            input.json(json_schema);
+        }
+    });
+    input.option(parallel_tool_calls.as_ref(), |input, p| {
+        input.bytes(&[u8::from(*p)])
+    });
+    input.option(tool_choice.as_ref(), |input, choice| match choice {
+        ToolChoice::Auto => input.bytes(&[0]),
+        ToolChoice::None => input.bytes(&[1]),
+        ToolChoice::Required => input.bytes(&[2]),
+        ToolChoice::Tool(name) => {
+            input.bytes(&[3]);
+            input.str(name);
+        }
+    });
+}
+
+fn compose(request: &ModelRequest, tools: [u8; 16]) -> CacheKey {
+    let mut input = Input::new();
+    input.str(&request.model);
+    // The message count, the history's digest and the tools', in one write.
+    let mut fixed = [0; 40];
+    fixed[..8].copy_from_slice(&(request.messages.len() as u64).to_le_bytes());
+    fixed[8..24].copy_from_slice(&request.messages.digest());
+    fixed[24..].copy_from_slice(&tools);
+    input.bytes(&fixed);
+    settings(&mut input, &request.settings);
+    CacheKey(input.finish())
 }
 
 /// A tool list and its digest.
-type SeenTools = (Arc<[ToolSpec]>, [u8; 32]);
+type SeenTools = (Arc<[ToolSpec]>, [u8; 16]);
 
 /// Computes keys for one cache layer, remembering the digest of the last
 /// tool list it saw: an agent sends the same `Arc<[ToolSpec]>` every turn,
@@ -114,8 +264,8 @@ impl Keyer {
     pub(crate) fn key(&self, request: &ModelRequest) -> CacheKey {
         if request.tools.is_empty() {
             // Requests without tools each bring their own empty list.
-            static NONE: LazyLock<[u8; 32]> = LazyLock::new(|| tools_digest(&[]));
-            return compose(request, &NONE);
+            static NONE: LazyLock<[u8; 16]> = LazyLock::new(|| tools_digest(&[]));
+            return compose(request, *NONE);
         }
         let tools = {
             let mut last = self
@@ -131,7 +281,7 @@ impl Keyer {
                 }
             }
         };
-        compose(request, &tools)
+        compose(request, tools)
     }
 }
 
@@ -171,10 +321,101 @@ mod tests {
     }
 
     #[test]
+    fn every_setting_is_part_of_the_key() {
+        use crate::types::{ResponseFormat, ToolChoice};
+        let base = ModelRequest::new("m", vec![Message::user("hi")]);
+        let changes: Vec<fn(&mut ModelSettings)> = vec![
+            |s| s.temperature = Some(0.0),
+            |s| s.temperature = Some(-0.0),
+            |s| s.max_tokens = Some(0),
+            |s| s.max_tokens = Some(1),
+            |s| s.stop = vec![String::new()],
+            |s| s.stop = vec!["ab".into()],
+            |s| s.stop = vec!["a".into(), "b".into()],
+            |s| s.response_format = Some(ResponseFormat::Text),
+            |s| s.response_format = Some(ResponseFormat::JsonObject),
+            |s| {
+                s.response_format = Some(ResponseFormat::json_schema(
+                    "answer",
+                    serde_json::json!({"type": "object"}),
+                ))
+            },
+            |s| s.parallel_tool_calls = Some(false),
+            |s| s.parallel_tool_calls = Some(true),
+            |s| s.tool_choice = Some(ToolChoice::Auto),
+            |s| s.tool_choice = Some(ToolChoice::None),
+            |s| s.tool_choice = Some(ToolChoice::Required),
+            |s| s.tool_choice = Some(ToolChoice::tool("")),
+            |s| s.tool_choice = Some(ToolChoice::tool("search")),
+        ];
+        let mut keys = vec![CacheKey::of(&base)];
+        for change in changes {
+            let mut request = base.clone();
+            change(&mut request.settings);
+            keys.push(CacheKey::of(&request));
+        }
+        let mut model = base.clone();
+        model.model = "m2".into();
+        keys.push(CacheKey::of(&model));
+        let mut messages = base.clone();
+        messages.messages = vec![Message::user("hi!")].into();
+        keys.push(CacheKey::of(&messages));
+        let count = keys.len();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), count, "every change gives another key");
+    }
+
+    #[test]
+    fn the_key_is_the_same_in_every_process() {
+        // A shared store finds entries by this value: it must not move
+        // between builds, runs or machines (only with `VERSION`).
+        let mut request = ModelRequest::new("gpt-4o", vec![Message::user("Capital of France?")]);
+        request.settings.max_tokens = Some(64);
+        assert_eq!(
+            CacheKey::of(&request).to_hex(),
+            "65cbf665020d850521bfbf672688b800"
+        );
+    }
+
+    #[test]
+    fn a_long_input_streams_to_what_one_pass_gives() {
+        let long = "x".repeat(3 * INLINE);
+        for split in [0, 1, INLINE - 1, INLINE, INLINE + 1, 2 * INLINE] {
+            let mut input = Input::new();
+            input.bytes(&long.as_bytes()[..split]);
+            input.bytes(&long.as_bytes()[split..]);
+            assert_eq!(input.stream.is_some(), VERSION.len() + long.len() > INLINE);
+            let mut all = VERSION.to_vec();
+            all.extend_from_slice(long.as_bytes());
+            assert_eq!(
+                input.finish(),
+                xxh3_128(&all).to_le_bytes(),
+                "split at {split}"
+            );
+        }
+        let mut request = ModelRequest::new(long.as_str(), vec![Message::user("hi")]);
+        request.settings.stop = vec![long.clone()];
+        assert_ne!(CacheKey::of(&request), {
+            request.settings.stop = vec![long[1..].to_owned()];
+            CacheKey::of(&request)
+        });
+    }
+
+    #[test]
+    fn the_default_settings_feed_what_each_field_would() {
+        let (mut short, mut long) = (Input::new(), Input::new());
+        settings(&mut short, &ModelSettings::default());
+        all_settings(&mut long, &ModelSettings::default());
+        assert_eq!(short.len, VERSION.len() + DEFAULT_SETTINGS.len());
+        assert_eq!(short.finish(), long.finish());
+    }
+
+    #[test]
     fn hex_is_the_bytes() {
         let key = CacheKey::of(&ModelRequest::default());
         let hex = key.to_hex();
-        assert_eq!(hex.len(), 64);
+        assert_eq!(hex.len(), 32);
         assert_eq!(format!("{key}"), hex);
         assert_eq!(&hex[..2], format!("{:02x}", key.as_bytes()[0]));
     }

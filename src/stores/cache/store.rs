@@ -114,6 +114,10 @@ impl<T: CacheStore + ?Sized> CacheStore for Arc<T> {
 /// must not overflow.
 const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 86_400);
 
+/// Held inline, not behind an `Arc`: a miss then stores its copy of the
+/// response without a second allocation, and a hit clones the response
+/// as it would clone it out of an `Arc`.
+#[derive(Clone)]
 struct Entry {
     response: ModelResponse,
     /// On tokio's clock, so expiry follows a paused test clock too.
@@ -152,7 +156,7 @@ struct Entry {
 /// ```
 #[derive(Clone)]
 pub struct MemoryStore {
-    entries: Arc<quick_cache::sync::Cache<CacheKey, Arc<Entry>>>,
+    entries: Arc<quick_cache::sync::Cache<CacheKey, Entry>>,
 }
 
 impl MemoryStore {
@@ -200,7 +204,7 @@ impl MemoryStore {
             self.entries.remove(&key);
             return None;
         }
-        Some(entry.response.clone())
+        Some(entry.response)
     }
 
     fn store(&self, key: CacheKey, response: ModelResponse, ttl: Duration) {
@@ -212,7 +216,7 @@ impl MemoryStore {
             response,
             expires_at,
         };
-        self.entries.insert(key, Arc::new(entry));
+        self.entries.insert(key, entry);
     }
 }
 

@@ -1,0 +1,205 @@
+//! What a call holds of a key's quota: its place in the queue ([`Waiter`]),
+//! then its grants ([`Ticket`]), then, once sent, what it still has to
+//! settle ([`Settlement`]).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::time::Sleep;
+
+use super::bucket::Grant;
+use super::limiter::{Admit, KeyShared, Taken};
+
+/// A place in a key's queue. Dropped before admission, it leaves the queue.
+pub(super) struct Waiter {
+    shared: Arc<KeyShared>,
+    id: u64,
+    sleep: Option<Pin<Box<Sleep>>>,
+    admitted: bool,
+}
+
+impl Waiter {
+    /// The place `id` in `shared`'s queue.
+    pub(super) fn new(shared: Arc<KeyShared>, id: u64) -> Self {
+        Self {
+            shared,
+            id,
+            sleep: None,
+            admitted: false,
+        }
+    }
+
+    /// The key's name.
+    pub(super) fn key(&self) -> &str {
+        self.shared.key()
+    }
+
+    /// Resolves once admitted.
+    pub(super) fn poll_admitted(&mut self, cx: &mut Context<'_>) -> Poll<Ticket> {
+        loop {
+            match self.shared.poll_admit(self.id, cx.waker()) {
+                Admit::Admitted(taken) => {
+                    self.admitted = true;
+                    let ticket = Ticket::new(self.shared.clone(), taken);
+                    return Poll::Ready(ticket);
+                }
+                Admit::Gone => {
+                    // Not queued: admit with nothing held rather than hang.
+                    self.admitted = true;
+                    return Poll::Ready(Ticket::new(self.shared.clone(), (None, None, None)));
+                }
+                Admit::NotHead => return Poll::Pending,
+                Admit::WaitUntil(deadline) => {
+                    let sleep = match &mut self.sleep {
+                        Some(sleep) => {
+                            sleep.as_mut().reset(deadline);
+                            sleep
+                        }
+                        None => self
+                            .sleep
+                            .insert(Box::pin(tokio::time::sleep_until(deadline))),
+                    };
+                    if sleep.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if !self.admitted {
+            self.shared.leave(self.id);
+        }
+    }
+}
+
+impl fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Waiter")
+            .field("key", &self.key())
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one call holds of a key's quota. Dropped before the call was sent,
+/// it gives it back; once sent, its tokens are settled with the real usage,
+/// or kept as reserved if the call failed.
+pub(super) struct Ticket {
+    /// `None` once sent: the ticket is then a [`Settlement`].
+    shared: Option<Arc<KeyShared>>,
+    requests: Option<Grant>,
+    tokens: Option<Grant>,
+    /// Where the token grant's settlement is posted, if it holds a slot.
+    slot: Option<u8>,
+}
+
+impl Ticket {
+    pub(super) fn new(shared: Arc<KeyShared>, (requests, tokens, slot): Taken) -> Self {
+        Self {
+            shared: Some(shared),
+            requests,
+            tokens,
+            slot,
+        }
+    }
+
+    /// The state of the ticket's key.
+    pub(super) fn shared(&self) -> &Arc<KeyShared> {
+        self.shared
+            .as_ref()
+            .expect("a ticket holds its key until it is sent")
+    }
+
+    /// The key's name.
+    pub(super) fn key(&self) -> &str {
+        self.shared().key()
+    }
+
+    /// Takes over what `other` (of the same key) holds that this ticket
+    /// lacks; `other` gives back the rest as it drops.
+    pub(super) fn merge(&mut self, mut other: Ticket) {
+        if self.requests.is_none() {
+            self.requests = other.requests.take();
+        }
+        if self.tokens.is_none() {
+            self.tokens = other.tokens.take();
+            self.slot = other.slot.take();
+        }
+    }
+
+    /// The call went out: from now on the reservation is kept, and only
+    /// the tokens are settled, with the response's usage.
+    pub(super) fn send(mut self) -> Settlement {
+        Settlement {
+            shared: self.shared.take().expect("a ticket is sent once"),
+            tokens: self.tokens.take(),
+            slot: self.slot.take(),
+        }
+    }
+}
+
+/// What a call that went out still has to settle: its token reservation.
+/// Smaller than its [`Ticket`], as it moves with the response future.
+/// Dropped unsettled (the call failed), it keeps the reservation.
+pub(super) struct Settlement {
+    shared: Arc<KeyShared>,
+    tokens: Option<Grant>,
+    slot: Option<u8>,
+}
+
+impl Settlement {
+    /// Charges the difference between the real token count and the
+    /// reservation, or refunds it. Once: the tokens are then settled.
+    pub(super) fn settle(&mut self, actual_tokens: u64) {
+        if let Some(grant) = self.tokens.take() {
+            match self.slot.take() {
+                Some(slot) => self.shared.post(slot, &grant, Some(actual_tokens)),
+                None => self.shared.settle(&grant, actual_tokens),
+            }
+        }
+    }
+}
+
+impl Drop for Settlement {
+    fn drop(&mut self) {
+        if let (Some(slot), Some(grant)) = (self.slot.take(), self.tokens.take()) {
+            self.shared.post(slot, &grant, None);
+        }
+    }
+}
+
+impl fmt::Debug for Settlement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settlement")
+            .field("key", &self.shared.key())
+            .field("tokens", &self.tokens.map(|g| g.amount))
+            .finish()
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(shared) = &self.shared {
+            if self.requests.is_some() || self.tokens.is_some() {
+                shared.release(self.requests.as_ref(), self.tokens.as_ref(), self.slot);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("key", &self.shared.as_ref().map(|shared| shared.key()))
+            .field("requests", &self.requests.map(|g| g.amount))
+            .field("tokens", &self.tokens.map(|g| g.amount))
+            .finish()
+    }
+}
