@@ -553,6 +553,12 @@ impl RunContext {
             .unwrap_or_default()
     }
 
+    /// Whether `other` is a handle to this same run.
+    #[inline]
+    pub(crate) fn same_run(&self, other: &RunContext) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The hook points installed for this run, opaque: `crate::hooks` reads
     /// them.
     pub(crate) fn port_slot(&self) -> Option<PortSlot> {
