@@ -92,6 +92,9 @@ struct Inner {
     /// Set when a middleware of this run, or of a run it is nested in,
     /// failed in this run or below: such an error fails this run too.
     hook_failed: AtomicBool,
+    /// Set once something watches the run's messages (see
+    /// `lifecycle::edit_watch`): until then the hook points skip the lookup.
+    watched: AtomicBool,
     pending_context: Mutex<Vec<String>>,
     stop: Mutex<Option<StopReason>>,
     /// Set once `stop` holds a reason without `by`: lets attribution skip the lock.
@@ -163,6 +166,7 @@ impl RunContext {
                 events: self.inner.events.clone(),
                 port: RwLock::new(self.port_slot()),
                 hook_failed: AtomicBool::new(false),
+                watched: AtomicBool::new(false),
                 pending_context: Mutex::default(),
                 stop: Mutex::default(),
                 stop_unattributed: AtomicBool::new(false),
@@ -553,6 +557,18 @@ impl RunContext {
             .unwrap_or_default()
     }
 
+    /// Notes that something watches the run's messages.
+    pub(crate) fn set_watched(&self) {
+        self.inner.watched.store(true, Ordering::Release);
+    }
+
+    /// Whether something may watch the run's messages: `false` until
+    /// [`set_watched`](Self::set_watched).
+    #[inline]
+    pub(crate) fn maybe_watched(&self) -> bool {
+        self.inner.watched.load(Ordering::Acquire)
+    }
+
     /// Whether `other` is a handle to this same run.
     #[inline]
     pub(crate) fn same_run(&self, other: &RunContext) -> bool {
@@ -720,6 +736,7 @@ impl RunContextBuilder {
                 events: self.events.unwrap_or_else(|| Arc::new(NoopSink)),
                 port: RwLock::new(None),
                 hook_failed: AtomicBool::new(false),
+                watched: AtomicBool::new(false),
                 pending_context: Mutex::default(),
                 stop: Mutex::default(),
                 stop_unattributed: AtomicBool::new(false),
