@@ -207,27 +207,31 @@ enum Step<'e, Req: WrapRequest> {
 async fn walk<Req: WrapRequest>(next: Next<Req>, req: Req) -> Walked<Req> {
     // The chain lives here while its middleware's future borrows it.
     let chain = next.chain.clone();
-    let found = step(chain.as_ref(), next, req);
-    let walked = match found {
-        Step::Innermost(service, req, recover) => Walked::Innermost(service, req, recover),
-        Step::Failed(err) => Walked::Done(Err(err)),
+    // Only what is awaited below lives across the await.
+    let hooked = match step(chain.as_ref(), next, req) {
+        Step::Innermost(service, req, recover) => {
+            return Walked::Innermost(service, req, recover)
+        }
+        Step::Failed(err) => return Walked::Done(Err(err)),
         Step::Elsewhere(next, req) => {
             let run: BoxFuture<'static, _> = Box::pin(next.run(req));
-            Walked::Done(run.await)
+            Err(run)
         }
         Step::Hooked {
             entry,
             ctx,
             home,
             future,
-        } => {
+        } => Ok((entry, ctx, home, future)),
+    };
+    let result = match hooked {
+        Err(run) => run.await,
+        Ok((entry, ctx, home, future)) => {
             let result = guarded(&ctx, &entry.name, Req::wrap_hook(), || future).await;
-            Walked::Done(
-                result.map_err(|err| own_failure(&ctx, home, Req::link_error(err, &entry.name))),
-            )
+            result.map_err(|err| own_failure(&ctx, home, Req::link_error(err, &entry.name)))
         }
     };
-    walked
+    Walked::Done(result)
 }
 
 /// The synchronous part of a walk: each wrap hook that hands the request on
