@@ -17,7 +17,7 @@ use super::stack::CompiledStack;
 use super::{HookPoint, Next, ResponseFuture};
 use crate::error::{kind_of, AgentError, BoxError, ErrorKind};
 use crate::request::{
-    BoxModel, BoxTool, DeltaSink, Deliver, ModelCall, ToolInvocation, ToolOutput,
+    BoxModel, BoxTool, Deliver, DeltaSink, ModelCall, ToolInvocation, ToolOutput,
 };
 use crate::types::{ModelDelta, ModelResponse};
 
@@ -192,10 +192,9 @@ pub(crate) fn tool_call(
             invocation.context.clone(),
             invocation.call.clone(),
         );
-        let (sink, guard) =
-            guard_sink(invocation.stream.take(), move |delta: &mut ModelDelta| {
-                hooks.on_tool_delta(&ctx, &call, delta)
-            });
+        let (sink, guard) = guard_sink(invocation.stream.take(), move |delta: &mut ModelDelta| {
+            hooks.on_tool_delta(&ctx, &call, delta)
+        });
         invocation.stream = Some(sink);
         Some(guard)
     } else {

@@ -209,9 +209,7 @@ async fn walk<Req: WrapRequest>(next: Next<Req>, req: Req) -> Walked<Req> {
     let chain = next.chain.clone();
     // Only what is awaited below lives across the await.
     let hooked = match step(chain.as_ref(), next, req) {
-        Step::Innermost(service, req, recover) => {
-            return Walked::Innermost(service, req, recover)
-        }
+        Step::Innermost(service, req, recover) => return Walked::Innermost(service, req, recover),
         Step::Failed(err) => return Walked::Done(Err(err)),
         Step::Elsewhere(next, req) => {
             let run: BoxFuture<'static, _> = Box::pin(next.run(req));
@@ -410,7 +408,10 @@ impl<Req: WrapRequest> Future for CallInnermost<Req> {
             if let Err(err) = ready!(this.service.poll_ready(cx)) {
                 return Poll::Ready(Err(err));
             }
-            let req = this.req.take().expect("CallInnermost polled after completion");
+            let req = this
+                .req
+                .take()
+                .expect("CallInnermost polled after completion");
             this.call = Some(this.service.call(req));
         }
         let call = this.call.as_mut().expect("called above");

@@ -385,7 +385,9 @@ impl CompiledStack {
         for e in self.at(hook) {
             let before = edits.as_ref().map(|_| messages.clone());
             let messages = &mut *messages;
-            if let Some(future) = pending(invoke_now(e, ctx, hook, || e.mw.before_model(ctx, messages)))? {
+            if let Some(future) = pending(invoke_now(e, ctx, hook, || {
+                e.mw.before_model(ctx, messages)
+            }))? {
                 finish(e, ctx, hook, future).await?;
             }
             if let (Some(edits), Some(before)) = (&edits, before) {
@@ -403,7 +405,9 @@ impl CompiledStack {
         let hook = HookPoint::AfterModel;
         for e in self.at(hook) {
             let response = &mut *response;
-            if let Some(future) = pending(invoke_now(e, ctx, hook, || e.mw.after_model(ctx, response)))? {
+            if let Some(future) =
+                pending(invoke_now(e, ctx, hook, || e.mw.after_model(ctx, response)))?
+            {
                 finish(e, ctx, hook, future).await?;
             }
         }
@@ -419,7 +423,9 @@ impl CompiledStack {
         let hook = HookPoint::AfterTool;
         for e in self.at(hook) {
             let output = &mut *output;
-            if let Some(future) = pending(invoke_now(e, ctx, hook, || e.mw.after_tool(ctx, call, output)))? {
+            if let Some(future) = pending(invoke_now(e, ctx, hook, || {
+                e.mw.after_tool(ctx, call, output)
+            }))? {
                 finish(e, ctx, hook, future).await?;
             }
         }
