@@ -94,6 +94,9 @@ struct Inner {
     hook_failed: AtomicBool,
     /// Context, a stop, a bracket, a prelude: allocated when first used.
     rare: Mutex<Option<Box<Rare>>>,
+    /// Set once something watches the run's messages (see
+    /// `lifecycle::edit_watch`): until then the hook points skip the lookup.
+    watched: AtomicBool,
     /// Set once `stop` holds a reason without `by`: lets attribution skip the lock.
     stop_unattributed: AtomicBool,
 }
@@ -180,6 +183,7 @@ impl RunContext {
                 port: RwLock::new(self.port_slot()),
                 hook_failed: AtomicBool::new(false),
                 rare: Mutex::default(),
+                watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
             }),
         }
@@ -589,6 +593,24 @@ impl RunContext {
             .unwrap_or_default()
     }
 
+    /// Notes that something watches the run's messages.
+    pub(crate) fn set_watched(&self) {
+        self.inner.watched.store(true, Ordering::Release);
+    }
+
+    /// Whether something may watch the run's messages: `false` until
+    /// [`set_watched`](Self::set_watched).
+    #[inline]
+    pub(crate) fn maybe_watched(&self) -> bool {
+        self.inner.watched.load(Ordering::Acquire)
+    }
+
+    /// Whether `other` is a handle to this same run.
+    #[inline]
+    pub(crate) fn same_run(&self, other: &RunContext) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// The hook points installed for this run, opaque: `crate::hooks` reads
     /// them.
     pub(crate) fn port_slot(&self) -> Option<PortSlot> {
@@ -751,6 +773,7 @@ impl RunContextBuilder {
                 port: RwLock::new(None),
                 hook_failed: AtomicBool::new(false),
                 rare: Mutex::default(),
+                watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
             }),
         }

@@ -31,7 +31,7 @@ use crate::types::{
 /// Clones send to the same place.
 #[derive(Clone)]
 pub struct DeltaSink {
-    f: Arc<dyn Fn(&ModelDelta) + Send + Sync>,
+    f: Arc<dyn Deliver>,
     provisional: bool,
 }
 
@@ -68,7 +68,7 @@ impl DeltaSink {
     pub fn wrap(&self, f: impl Fn(&DeltaSink, &ModelDelta) + Send + Sync + 'static) -> Self {
         let inner = self.clone();
         Self {
-            f: Arc::new(move |delta| f(&inner, delta)),
+            f: Arc::new(move |delta: &ModelDelta| f(&inner, delta)),
             provisional: self.provisional,
         }
     }
@@ -81,7 +81,28 @@ impl DeltaSink {
     /// Sends one delta.
     #[inline]
     pub fn send(&self, delta: &ModelDelta) {
-        (self.f)(delta)
+        self.f.deliver(delta)
+    }
+}
+
+impl DeltaSink {
+    /// A sink calling `f`, shared with whoever else holds it (the lifecycle
+    /// chain keeps the state of its delta hooks there, in one allocation).
+    pub(crate) fn shared(f: Arc<dyn Deliver>, provisional: bool) -> Self {
+        Self { f, provisional }
+    }
+}
+
+/// What a [`DeltaSink`] calls with each delta: any
+/// `Fn(&ModelDelta) + Send + Sync`, or a crate type that keeps more state.
+pub(crate) trait Deliver: Send + Sync + 'static {
+    fn deliver(&self, delta: &ModelDelta);
+}
+
+impl<F: Fn(&ModelDelta) + Send + Sync + 'static> Deliver for F {
+    #[inline]
+    fn deliver(&self, delta: &ModelDelta) {
+        self(delta)
     }
 }
 

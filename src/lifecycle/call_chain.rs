@@ -16,7 +16,9 @@ use super::next::call_innermost;
 use super::stack::CompiledStack;
 use super::{HookPoint, Next, ResponseFuture};
 use crate::error::{kind_of, AgentError, BoxError, ErrorKind};
-use crate::request::{BoxModel, BoxTool, DeltaSink, ModelCall, ToolInvocation, ToolOutput};
+use crate::request::{
+    BoxModel, BoxTool, Deliver, DeltaSink, ModelCall, ToolInvocation, ToolOutput,
+};
 use crate::types::{ModelDelta, ModelResponse};
 
 /// The first error a delta hook raised, which aborts the call.
@@ -57,19 +59,23 @@ pin_project_lite::pin_project! {
     /// A call's future, unless a delta hook fails first: then its error, and
     /// the call's future is dropped (the stream is cut). No bigger than the
     /// call's future and a pointer.
-    struct Raced<F> {
+    struct Raced<F, G> {
         #[pin]
         fut: F,
-        failure: Arc<DeltaFailure>,
+        guard: Arc<G>,
     }
 }
 
-impl<T, F: Future<Output = Result<T, BoxError>>> Future for Raced<F> {
+impl<T, F, G> Future for Raced<F, G>
+where
+    F: Future<Output = Result<T, BoxError>>,
+    G: AsRef<DeltaFailure>,
+{
     type Output = Result<T, BoxError>;
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let failure = &**this.failure;
+        let failure = (**this.guard).as_ref();
         if failure.failed.load(Ordering::Acquire) {
             return Poll::Ready(Err(failure.error_box()));
         }
@@ -87,33 +93,54 @@ impl<T, F: Future<Output = Result<T, BoxError>>> Future for Raced<F> {
     }
 }
 
-/// A sink running `hooks` on each delta before passing it `downstream`.
-fn guard_sink(
+/// A sink's state: the delta hooks, what they failed with, and the sink
+/// the deltas go on to. The sink and the call's future share it.
+struct Guard<H> {
+    failure: DeltaFailure,
     downstream: Option<DeltaSink>,
-    failure: Arc<DeltaFailure>,
-    hooks: impl Fn(&mut ModelDelta) -> Result<(), AgentError> + Send + Sync + 'static,
-) -> DeltaSink {
-    let provisional = downstream.as_ref().is_some_and(DeltaSink::is_provisional);
-    let guarded = move |delta: &ModelDelta| {
-        if failure.failed.load(Ordering::Acquire) {
+    hooks: H,
+}
+
+impl<H> AsRef<DeltaFailure> for Guard<H> {
+    fn as_ref(&self) -> &DeltaFailure {
+        &self.failure
+    }
+}
+
+impl<H> Deliver for Guard<H>
+where
+    H: Fn(&mut ModelDelta) -> Result<(), AgentError> + Send + Sync + 'static,
+{
+    fn deliver(&self, delta: &ModelDelta) {
+        if self.failure.failed.load(Ordering::Acquire) {
             return;
         }
         let mut delta = delta.clone();
-        match hooks(&mut delta) {
+        match (self.hooks)(&mut delta) {
             Ok(()) => {
-                if let Some(sink) = &downstream {
+                if let Some(sink) = &self.downstream {
                     sink.send(&delta);
                 }
             }
-            Err(err) => failure.fail(err),
+            Err(err) => self.failure.fail(err),
         }
-    };
-    // Deltas the run holds stay provisional: a retry may still replay the call.
-    if provisional {
-        DeltaSink::provisional(guarded)
-    } else {
-        DeltaSink::new(guarded)
     }
+}
+
+/// A sink running `hooks` on each delta before passing it `downstream`,
+/// and the state it shares with the call's future.
+fn guard_sink<H>(downstream: Option<DeltaSink>, hooks: H) -> (DeltaSink, Arc<Guard<H>>)
+where
+    H: Fn(&mut ModelDelta) -> Result<(), AgentError> + Send + Sync + 'static,
+{
+    // Deltas the run holds stay provisional: a retry may still replay the call.
+    let provisional = downstream.as_ref().is_some_and(DeltaSink::is_provisional);
+    let guard = Arc::new(Guard {
+        failure: DeltaFailure::default(),
+        downstream,
+        hooks,
+    });
+    (DeltaSink::shared(guard.clone(), provisional), guard)
 }
 
 /// One model call through `stack`'s part of the onion. Delta hooks see the
@@ -127,12 +154,12 @@ pub(crate) fn model_call(
 ) -> impl Future<Output = Result<ModelResponse, BoxError>> + Send + 'static {
     let failure = match call.stream.take() {
         Some(sink) if stack.has(HookPoint::OnModelDelta) => {
-            let failure = Arc::new(DeltaFailure::default());
             let (hooks, ctx) = (stack.clone(), call.context.clone());
-            call.stream = Some(guard_sink(Some(sink), failure.clone(), move |delta| {
+            let (sink, guard) = guard_sink(Some(sink), move |delta: &mut ModelDelta| {
                 hooks.on_model_delta(&ctx, delta)
-            }));
-            Some(failure)
+            });
+            call.stream = Some(sink);
+            Some(guard)
         }
         sink => {
             call.stream = sink;
@@ -147,7 +174,7 @@ pub(crate) fn model_call(
     };
     match failure {
         None => Either::Left(fut),
-        Some(failure) => Either::Right(Raced { fut, failure }),
+        Some(guard) => Either::Right(Raced { fut, guard }),
     }
 }
 
@@ -160,18 +187,16 @@ pub(crate) fn tool_call(
     home: Option<usize>,
 ) -> impl Future<Output = Result<ToolOutput, BoxError>> + Send + 'static {
     let failure = if stack.has(HookPoint::OnToolDelta) {
-        let failure = Arc::new(DeltaFailure::default());
         let (hooks, ctx, call) = (
             stack.clone(),
             invocation.context.clone(),
             invocation.call.clone(),
         );
-        invocation.stream = Some(guard_sink(
-            invocation.stream.take(),
-            failure.clone(),
-            move |delta| hooks.on_tool_delta(&ctx, &call, delta),
-        ));
-        Some(failure)
+        let (sink, guard) = guard_sink(invocation.stream.take(), move |delta: &mut ModelDelta| {
+            hooks.on_tool_delta(&ctx, &call, delta)
+        });
+        invocation.stream = Some(sink);
+        Some(guard)
     } else {
         None
     };
@@ -183,7 +208,7 @@ pub(crate) fn tool_call(
     };
     let fut = match failure {
         None => Either::Left(fut),
-        Some(failure) => Either::Right(Raced { fut, failure }),
+        Some(guard) => Either::Right(Raced { fut, guard }),
     };
     // What fails here as a middleware error is this stack's (a nested
     // run's own failures became error results below): it fails the runs up

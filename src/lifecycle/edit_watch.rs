@@ -1,5 +1,5 @@
 //! [`EditWatch`]: tells whoever watches a run's messages (a prompt-cache
-//! guard) which middleware changed them. Costs one state lookup per hook
+//! guard) which middleware changed them. Costs one atomic load per hook
 //! point in a run nobody watches.
 
 use std::sync::Arc;
@@ -22,6 +22,9 @@ struct Watcher(Arc<dyn EditWatch>);
 
 /// The run's watcher, if something watches its messages.
 pub(crate) fn watcher(ctx: &RunContext) -> Option<Arc<dyn EditWatch>> {
+    if !ctx.maybe_watched() {
+        return None;
+    }
     ctx.with_state(|s| s.get::<Watcher>().map(|w| w.0.clone()))
 }
 
@@ -31,5 +34,6 @@ pub(crate) fn watch(
     ctx: &RunContext,
     make: impl FnOnce() -> Arc<dyn EditWatch>,
 ) -> Arc<dyn EditWatch> {
+    ctx.set_watched();
     ctx.with_state(|s| s.get_or_insert_with(|| Watcher(make())).0.clone())
 }

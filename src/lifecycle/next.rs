@@ -4,11 +4,14 @@
 use std::fmt;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{ready, Context, Poll};
 
+use futures::future::BoxFuture;
 use futures::FutureExt;
 use tower::util::BoxCloneSyncService;
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 use super::attribute::{name_tripwire, panicked};
 use super::call_hook::Bracket;
@@ -38,13 +41,29 @@ pub struct Next<Req: WrapRequest> {
     chain: Option<Arc<[Entry]>>,
     index: usize,
     innermost: Arc<Innermost<Req>>,
-    /// The middleware that was handed what request, to compare with what it
-    /// hands on.
-    received: Option<(Arc<str>, Req::Snapshot)>,
+    /// What the middleware that was handed this `next` received, to compare
+    /// with what it hands on.
+    received: Option<Received<Req>>,
     /// The depth of the run the chain's stack was installed for (`None`
     /// outside a run): a wrap hook's own error fails the runs from the
     /// calling one up to that one.
     home: Option<usize>,
+}
+
+/// What a middleware was handed, and who it is: below a tower adapter the
+/// adapter's middleware (`by`), in a chain the one before `index`.
+struct Received<Req: WrapRequest> {
+    by: Option<Arc<str>>,
+    snapshot: Req::Snapshot,
+}
+
+impl<Req: WrapRequest> Clone for Received<Req> {
+    fn clone(&self) -> Self {
+        Self {
+            by: self.by.clone(),
+            snapshot: self.snapshot.clone(),
+        }
+    }
 }
 
 /// The service below the last wrap hook.
@@ -85,7 +104,10 @@ impl<Req: WrapRequest> Next<Req> {
             chain: None,
             index: 0,
             innermost: Innermost::new(service, false),
-            received: Some((by.clone(), received.snapshot())),
+            received: Some(Received {
+                by: Some(by.clone()),
+                snapshot: received.snapshot(),
+            }),
             home: None,
         }
     }
@@ -111,73 +133,197 @@ impl<Req: WrapRequest> Next<Req> {
     /// # Errors
     ///
     /// What the rest of the stack fails with.
-    pub async fn run(self, mut req: Req) -> Result<Req::Response, BoxError> {
-        let mut next = self;
-        // What the last middleware handed on, when it is what it was handed:
-        // the next middleware's snapshot, without taking it again.
-        let mut carried = None;
-        loop {
-            if let Some((by, received)) = next.received.take() {
-                if req.reconcile(&by, &received) {
-                    carried = Some(received);
-                }
+    pub fn run(
+        self,
+        req: Req,
+    ) -> impl Future<Output = Result<Req::Response, BoxError>> + Send + 'static {
+        // Walking the chain happens when the future is first polled, as the
+        // call would; below the last wrap hook only the service's call is
+        // left, which replaces the walk in the future's place.
+        RunFuture::Walking {
+            walk: walk(self, req),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`Next::run`]: the walk down the chain, then the call of the service
+    /// below it in the walk's place.
+    #[project = RunProj]
+    enum RunFuture<W, Req: WrapRequest> {
+        Walking { #[pin] walk: W },
+        Calling { call: CallInnermost<Req> },
+    }
+}
+
+impl<W, Req> Future for RunFuture<W, Req>
+where
+    Req: WrapRequest,
+    W: Future<Output = Walked<Req>>,
+{
+    type Output = Result<Req::Response, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let RunProj::Walking { walk } = self.as_mut().project() {
+            match ready!(walk.poll(cx)) {
+                Walked::Done(result) => return Poll::Ready(result),
+                Walked::Innermost(service, req, recover) => self.set(RunFuture::Calling {
+                    call: call_innermost(service, req, recover),
+                }),
             }
-            let hook = Req::wrap_hook();
-            let found = next.chain.as_ref().and_then(|chain| {
-                chain[next.index.min(chain.len())..]
-                    .iter()
-                    .position(|e| e.may_override(hook))
-                    .map(|at| (chain[next.index + at].clone(), next.index + at))
-            });
-            let Some((entry, at)) = found else {
-                let recover = next.innermost.recover;
-                let Some(service) = next.innermost.take() else {
-                    return Err("the service below the wrap hooks is gone".into());
+        }
+        match self.project() {
+            RunProj::Calling { call } => Pin::new(call).poll(cx),
+            RunProj::Walking { .. } => unreachable!("the walk just ended"),
+        }
+    }
+}
+
+/// Where a walk down the chain ended.
+enum Walked<Req: WrapRequest> {
+    /// Below the last wrap hook: the service to call, with the request.
+    Innermost(BoxService<Req>, Req, bool),
+    /// A middleware answered (or failed).
+    Done(Result<Req::Response, BoxError>),
+}
+
+/// One step of the walk: what [`step`] found.
+enum Step<'e, Req: WrapRequest> {
+    Innermost(BoxService<Req>, Req, bool),
+    /// A middleware answers with a future of its own.
+    Hooked {
+        entry: &'e Entry,
+        ctx: RunContext,
+        home: Option<usize>,
+        future: BoxFuture<'e, Result<Req::Response, BoxError>>,
+    },
+    /// A `next` of another chain was handed on: it runs on its own.
+    Elsewhere(Next<Req>, Req),
+    Failed(BoxError),
+}
+
+/// Walks `next`'s chain while its middleware hand the request on, to the
+/// first that answers with a future of its own or to the service below.
+async fn walk<Req: WrapRequest>(next: Next<Req>, req: Req) -> Walked<Req> {
+    // The chain lives here while its middleware's future borrows it.
+    let chain = next.chain.clone();
+    // Only what is awaited below lives across the await.
+    let hooked = match step(chain.as_ref(), next, req) {
+        Step::Innermost(service, req, recover) => return Walked::Innermost(service, req, recover),
+        Step::Failed(err) => return Walked::Done(Err(err)),
+        Step::Elsewhere(next, req) => {
+            let run: BoxFuture<'static, _> = Box::pin(next.run(req));
+            Err(run)
+        }
+        Step::Hooked {
+            entry,
+            ctx,
+            home,
+            future,
+        } => Ok((entry, ctx, home, future)),
+    };
+    let result = match hooked {
+        Err(run) => run.await,
+        Ok((entry, ctx, home, future)) => {
+            let result = guarded(&ctx, &entry.name, Req::wrap_hook(), || future).await;
+            result.map_err(|err| own_failure(&ctx, home, Req::link_error(err, &entry.name)))
+        }
+    };
+    Walked::Done(result)
+}
+
+/// The synchronous part of a walk: each wrap hook that hands the request on
+/// is called here, with no future and nothing shared cloned for it.
+fn step<'e, Req: WrapRequest>(
+    chain: Option<&'e Arc<[Entry]>>,
+    mut next: Next<Req>,
+    mut req: Req,
+) -> Step<'e, Req> {
+    let hook = Req::wrap_hook();
+    // What the last middleware handed on, when it is what it was handed:
+    // the next middleware's snapshot, without taking it again.
+    let mut carried = None;
+    // The context of the request the current middleware is handed.
+    let mut ctx = req.context().clone();
+    loop {
+        if let Some(Received { by, snapshot }) = next.received.take() {
+            let by = match (&by, &next.chain) {
+                (Some(by), _) => Some(by),
+                (None, Some(own)) => next.index.checked_sub(1).map(|i| &own[i].name),
+                (None, None) => None,
+            };
+            if by.is_none_or(|by| req.reconcile(by, &snapshot)) {
+                carried = Some(snapshot);
+            }
+        }
+        let entries = match (&next.chain, chain) {
+            (None, _) => None,
+            (Some(own), Some(chain)) if Arc::ptr_eq(own, chain) => Some(&chain[..]),
+            (Some(_), _) => return Step::Elsewhere(next, req),
+        };
+        let found = entries.and_then(|entries| {
+            let from = next.index.min(entries.len());
+            entries[from..]
+                .iter()
+                .position(|e| e.may_override(hook))
+                .map(|at| (&entries[from + at], from + at))
+        });
+        let Some((entry, at)) = found else {
+            let recover = next.innermost.recover;
+            let Some(service) = next.innermost.take() else {
+                return Step::Failed("the service below the wrap hooks is gone".into());
+            };
+            drop(next);
+            return Step::Innermost(service, req, recover);
+        };
+        if !req.context().same_run(&ctx) {
+            ctx = req.context().clone();
+        }
+        let Next {
+            chain: own,
+            innermost,
+            home,
+            ..
+        } = next;
+        let inner = Next {
+            chain: own,
+            index: at + 1,
+            innermost,
+            received: Some(Received {
+                by: None,
+                snapshot: carried.take().unwrap_or_else(|| req.snapshot()),
+            }),
+            home,
+        };
+        let wrapped = match catch_unwind(AssertUnwindSafe(|| Req::wrap(&*entry.mw, req, inner))) {
+            Ok(wrapped) => wrapped.0,
+            Err(panic) => {
+                let bracket = Bracket::open(&ctx, &entry.name, hook);
+                bracket.close("panic");
+                let err = Box::new(panicked(&entry.name, hook, &*panic));
+                return Step::Failed(own_failure(&ctx, home, err));
+            }
+        };
+        match wrapped {
+            WrappedKind::NotOverridden(r, mut n) => {
+                // Handed on as it came: nothing to reconcile.
+                entry.learn_absent(hook);
+                carried = n.received.take().map(|received| received.snapshot);
+                req = r;
+                next = n;
+            }
+            WrappedKind::Next(r, n) => {
+                req = r;
+                next = n;
+            }
+            WrappedKind::Future(future) => {
+                // The middleware holds the rest of the stack now.
+                return Step::Hooked {
+                    entry,
+                    ctx,
+                    home,
+                    future,
                 };
-                drop(next);
-                return call_innermost(service, req, recover).await;
-            };
-            let inner = Next {
-                chain: next.chain.clone(),
-                index: at + 1,
-                innermost: next.innermost.clone(),
-                received: Some((
-                    entry.name.clone(),
-                    carried.take().unwrap_or_else(|| req.snapshot()),
-                )),
-                home: next.home,
-            };
-            let ctx = req.context().clone();
-            let wrapped = match catch_unwind(AssertUnwindSafe(|| Req::wrap(&*entry.mw, req, inner)))
-            {
-                Ok(wrapped) => wrapped.0,
-                Err(panic) => {
-                    let bracket = Bracket::open(&ctx, &entry.name, hook);
-                    bracket.close("panic");
-                    let err = Box::new(panicked(&entry.name, hook, &*panic));
-                    return Err(own_failure(&ctx, next.home, err));
-                }
-            };
-            match wrapped {
-                WrappedKind::NotOverridden(r, mut n) => {
-                    // Handed on as it came: nothing to reconcile.
-                    entry.learn_absent(hook);
-                    carried = n.received.take().map(|(_, snapshot)| snapshot);
-                    req = r;
-                    next = n;
-                }
-                WrappedKind::Next(r, n) => {
-                    req = r;
-                    next = n;
-                }
-                WrappedKind::Future(future) => {
-                    // The middleware holds the rest of the stack now.
-                    let home = next.home;
-                    drop(next);
-                    let result = guarded(&ctx, &entry.name, hook, || future).await;
-                    return result
-                        .map_err(|err| own_failure(&ctx, home, Req::link_error(err, &entry.name)));
-                }
             }
         }
     }
@@ -225,22 +371,60 @@ impl<Req: WrapRequest> fmt::Debug for Next<Req> {
 /// Below a lifecycle chain (`recover`), a tool's failure becomes the error
 /// result the model would read, so that what a middleware fails with is its
 /// own error.
-pub(crate) async fn call_innermost<Req: WrapRequest>(
-    mut service: BoxService<Req>,
+pub(crate) fn call_innermost<Req: WrapRequest>(
+    service: BoxService<Req>,
     req: Req,
     recover: bool,
-) -> Result<Req::Response, BoxError> {
-    let name = req.callee();
-    let ctx = recover.then(|| req.context().clone());
-    let base = || format!("{}:{name}", Req::KIND);
-    service.ready().await?;
-    let result = match AssertUnwindSafe(service.call(req)).catch_unwind().await {
-        Ok(result) => result.map_err(|e| name_tripwire(e, &base(), "call")),
-        Err(panic) => Err(format!("`{}` panicked: {}", base(), panic_message(&*panic)).into()),
-    };
-    match (result, ctx) {
-        (Err(err), Some(ctx)) => Req::recover(&ctx, &name, err),
-        (result, _) => result,
+) -> CallInnermost<Req> {
+    CallInnermost {
+        name: req.callee(),
+        ctx: (recover && Req::RECOVERS).then(|| req.context().clone()),
+        service,
+        req: Some(req),
+        call: None,
+    }
+}
+
+/// The future of [`call_innermost`].
+pub(crate) struct CallInnermost<Req: WrapRequest> {
+    service: BoxService<Req>,
+    /// Until the service is ready.
+    req: Option<Req>,
+    call: Option<<BoxService<Req> as Service<Req>>::Future>,
+    name: Req::Name,
+    /// Set when a failure becomes the error result.
+    ctx: Option<RunContext>,
+}
+
+// Nothing is pinned structurally: the service's future is pinned on the heap.
+impl<Req: WrapRequest> Unpin for CallInnermost<Req> {}
+
+impl<Req: WrapRequest> Future for CallInnermost<Req> {
+    type Output = Result<Req::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if this.call.is_none() {
+            if let Err(err) = ready!(this.service.poll_ready(cx)) {
+                return Poll::Ready(Err(err));
+            }
+            let req = this
+                .req
+                .take()
+                .expect("CallInnermost polled after completion");
+            this.call = Some(this.service.call(req));
+        }
+        let call = this.call.as_mut().expect("called above");
+        let base = || format!("{}:{}", Req::KIND, this.name);
+        let result = match catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(result)) => result.map_err(|e| name_tripwire(e, &base(), "call")),
+            Err(panic) => Err(format!("`{}` panicked: {}", base(), panic_message(&*panic)).into()),
+        };
+        Poll::Ready(match (result, this.ctx.take()) {
+            (Err(err), Some(ctx)) => Req::recover(&ctx, &this.name, err),
+            (result, _) => result,
+        })
     }
 }
 

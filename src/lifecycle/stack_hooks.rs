@@ -363,9 +363,11 @@ impl CompiledStack {
         let mut texts = Vec::new();
         for e in self.at(hook) {
             let input = &mut *input;
-            if let Some(Some(text)) =
-                invoke(e, ctx, hook, || e.mw.before_run(ctx, input, messages)).await?
-            {
+            let found = match invoke_now(e, ctx, hook, || e.mw.before_run(ctx, input, messages)) {
+                Invoked::Done(found) => found?,
+                Invoked::Pending(future) => finish(e, ctx, hook, future).await?,
+            };
+            if let Some(Some(text)) = found {
                 texts.push(text);
             }
         }
@@ -383,7 +385,11 @@ impl CompiledStack {
         for e in self.at(hook) {
             let before = edits.as_ref().map(|_| messages.clone());
             let messages = &mut *messages;
-            invoke(e, ctx, hook, || e.mw.before_model(ctx, messages)).await?;
+            if let Some(future) = pending(invoke_now(e, ctx, hook, || {
+                e.mw.before_model(ctx, messages)
+            }))? {
+                finish(e, ctx, hook, future).await?;
+            }
             if let (Some(edits), Some(before)) = (&edits, before) {
                 edits.record(&e.name, before, messages);
             }
@@ -399,7 +405,11 @@ impl CompiledStack {
         let hook = HookPoint::AfterModel;
         for e in self.at(hook) {
             let response = &mut *response;
-            invoke(e, ctx, hook, || e.mw.after_model(ctx, response)).await?;
+            if let Some(future) =
+                pending(invoke_now(e, ctx, hook, || e.mw.after_model(ctx, response)))?
+            {
+                finish(e, ctx, hook, future).await?;
+            }
         }
         Ok(())
     }
@@ -413,7 +423,11 @@ impl CompiledStack {
         let hook = HookPoint::AfterTool;
         for e in self.at(hook) {
             let output = &mut *output;
-            invoke(e, ctx, hook, || e.mw.after_tool(ctx, call, output)).await?;
+            if let Some(future) = pending(invoke_now(e, ctx, hook, || {
+                e.mw.after_tool(ctx, call, output)
+            }))? {
+                finish(e, ctx, hook, future).await?;
+            }
         }
         Ok(())
     }
@@ -444,6 +458,19 @@ impl CompiledStack {
         Ok(())
     }
 }
+
+/// The pending future of a hook that has no answer yet; an answer already
+/// there is dropped (the hooks over `&mut` values return nothing), its error
+/// returned. Only the future lives across the loops' awaits.
+#[inline]
+fn pending<T>(invoked: Invoked<'_, T>) -> Result<Option<HookBox<'_, T>>, AgentError> {
+    match invoked {
+        Invoked::Done(found) => found.map(|_| None),
+        Invoked::Pending(future) => Ok(Some(future)),
+    }
+}
+
+type HookBox<'h, T> = BoxFuture<'h, Result<T, BoxError>>;
 
 /// A hook point's result over a stack: settled at once, or still waiting
 /// (boxed only then).

@@ -197,6 +197,9 @@ pub(crate) mod sealed {
         type Name: fmt::Display + Send + 'static;
         /// What is called: `model` or `tool`.
         const KIND: &'static str;
+        /// Whether [`recover`](Self::recover) turns a failure into an answer
+        /// (and needs the run's context for it).
+        const RECOVERS: bool;
 
         fn wrap_hook() -> HookPoint;
         /// Calls `mw`'s wrap hook for this request.
@@ -245,6 +248,7 @@ impl sealed::Plumbing for ModelCall {
     type Snapshot = History;
     type Name = ModelName;
     const KIND: &'static str = "model";
+    const RECOVERS: bool = false;
 
     fn wrap_hook() -> HookPoint {
         HookPoint::WrapModel
@@ -296,6 +300,7 @@ impl sealed::Plumbing for ToolInvocation {
     type Snapshot = (String, Value);
     type Name = String;
     const KIND: &'static str = "tool";
+    const RECOVERS: bool = true;
 
     fn wrap_hook() -> HookPoint {
         HookPoint::WrapTool
