@@ -13,7 +13,8 @@
 //! For instruction counts, which hold still on a busy machine:
 //! `BENCH_CASE=benign BENCH_RUNS=100 valgrind --tool=callgrind
 //! target/release/deps/guards-…` scans the benign texts (`prose`: the
-//! 64 KiB document) that many times without criterion; the difference
+//! 64 KiB document; `benign_regex_set`: the baseline over the benign texts)
+//! that many times without criterion; the difference
 //! between two run counts, divided by the difference in runs and by the
 //! bytes of one run, is the instructions per byte.
 
@@ -112,11 +113,21 @@ fn bench(c: &mut Criterion) {
 fn counted_runs(case: &str, runs: usize) {
     let detector = HeuristicDetector::new();
     let texts = match case {
-        "benign" => benign_texts(),
+        "benign" | "benign_regex_set" => benign_texts(),
         "prose" => vec![prose(64 * 1024)],
-        other => panic!("BENCH_CASE is benign or prose, not {other}"),
+        other => panic!("BENCH_CASE is benign, benign_regex_set or prose, not {other}"),
     };
     let bytes: usize = texts.iter().map(String::len).sum();
+    if case == "benign_regex_set" {
+        let set = baseline();
+        for _ in 0..runs {
+            for t in &texts {
+                black_box(set.is_match(black_box(t)));
+            }
+        }
+        eprintln!("{case}: {runs} runs of {bytes} bytes");
+        return;
+    }
     for _ in 0..runs {
         for t in &texts {
             black_box(detector.scan(black_box(t)));

@@ -428,7 +428,7 @@ impl PiiSession {
 
     /// Whether no placeholder has been handed out yet.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        !self.filled.load(Ordering::Acquire)
     }
 
     pub(crate) fn vault(&self) -> RwLockReadGuard<'_, Vault> {

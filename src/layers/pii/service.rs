@@ -77,6 +77,21 @@ impl RunPii {
     fn lock(&self) -> MutexGuard<'_, RunPiiState> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// The usual call of a run: `history` is the one masked last time, as
+    /// it was. Answered without cloning the run's state out of the context.
+    fn unchanged(ctx: &RunContext, history: &History) -> Option<Masked> {
+        ctx.with_state(|state| {
+            let state = state.get::<RunPii>()?.lock();
+            (state.source_len == history.len() && state.source_lineage == history.lineage()).then(
+                || Masked {
+                    history: state.masked.clone(),
+                    count: 0,
+                    session: state.session.clone(),
+                },
+            )
+        })
+    }
 }
 
 /// Masks `message`, counting the values replaced: `None` when nothing in it
@@ -293,6 +308,7 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, mut call: ModelCall) -> Self::Future {
         let engine = match &self.engine {
             Ok(engine) => engine,
@@ -301,23 +317,16 @@ where
                 return future::ResponseFuture::blocked(err);
             }
         };
-        let run = RunPii::of(&call.context, engine);
-        let masked = match masked_history(&run, &call.request.messages) {
-            Ok(masked) => masked,
-            Err(blocked) => {
-                let err: BoxError = Box::new(AgentError::Tripwire {
-                    middleware: "pii".into(),
-                    hook: "wrap_model".into(),
-                    reason: format!(
-                        "the conversation holds PII of a blocked kind: {}",
-                        blocked.kind.label()
-                    ),
-                    info: Some(json!({ "kind": blocked.kind.label() })),
-                });
-                return future::ResponseFuture::blocked(err);
+        let masked = match RunPii::unchanged(&call.context, &call.request.messages) {
+            Some(masked) => masked,
+            None => {
+                let run = RunPii::of(&call.context, engine);
+                match masked_history(&run, &call.request.messages) {
+                    Ok(masked) => masked,
+                    Err(blocked) => return future::ResponseFuture::blocked(blocked_error(blocked)),
+                }
             }
         };
-        drop(run);
         let Masked {
             history,
             count,
@@ -340,6 +349,20 @@ where
         });
         future::ResponseFuture::new(self.inner.call(call), session, stream)
     }
+}
+
+/// The tripwire of a conversation holding PII of a blocked kind.
+#[cold]
+fn blocked_error(blocked: PiiBlocked) -> BoxError {
+    Box::new(AgentError::Tripwire {
+        middleware: "pii".into(),
+        hook: "wrap_model".into(),
+        reason: format!(
+            "the conversation holds PII of a blocked kind: {}",
+            blocked.kind.label()
+        ),
+        info: Some(json!({ "kind": blocked.kind.label() })),
+    })
 }
 
 /// The future of [`MaskPii`].
@@ -385,6 +408,7 @@ pub mod future {
     }
 
     impl<F> ResponseFuture<F> {
+        #[inline]
         pub(super) fn new(future: F, session: Arc<PiiSession>, stream: Option<Stream>) -> Self {
             Self {
                 state: State::Calling {
@@ -409,6 +433,7 @@ pub mod future {
     {
         type Output = Result<ModelResponse, BoxError>;
 
+        #[inline]
         fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
             match self.project().state.project() {
                 StateProj::Calling {
@@ -416,13 +441,21 @@ pub mod future {
                     session,
                     stream,
                 } => {
-                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    let result = ready!(future.poll(cx));
                     if let Some((sink, state)) = stream.take() {
                         flush(&sink, &state, session);
                     }
-                    let mut response = result?;
-                    restore_message(session, &mut response.message);
-                    Poll::Ready(Ok(response))
+                    Poll::Ready(match result {
+                        Ok(mut response) => {
+                            // A session that handed out no placeholder has
+                            // nothing to restore.
+                            if !session.is_empty() {
+                                restore_message(session, &mut response.message);
+                            }
+                            Ok(response)
+                        }
+                        Err(err) => Err(err.into()),
+                    })
                 }
                 StateProj::Blocked { error } => {
                     Poll::Ready(Err(error.take().unwrap_or_else(|| {

@@ -29,7 +29,9 @@ const MAX_CLAUSES: usize = 3;
 /// all present; longer ones in windows around the hits.
 const SHORT_TEXT: usize = 1024;
 /// Patterns whose gates fit on the stack.
-const INLINE_PATTERNS: usize = 256;
+const INLINE_PATTERNS: usize = 128;
+/// Open gates listed on the stack; past this many, every pattern is checked.
+const INLINE_OPEN: usize = 16;
 
 #[derive(Debug)]
 struct Compiled {
@@ -50,6 +52,7 @@ pub(crate) struct Matcher {
     owners: Vec<Vec<(u16, u8)>>,
     /// For each literal: the bits of the extra literals it is.
     extras: Vec<u64>,
+
     /// Patterns with no clause: run over the whole text, behind one set
     /// that says which of them match at all.
     unanchored: Vec<usize>,
@@ -142,6 +145,9 @@ impl Matcher {
             .ascii_case_insensitive(true)
             .match_kind(MatchKind::Standard)
             .kind(Some(AhoCorasickKind::DFA))
+            // Ordinary text returns to the start state at nearly every word:
+            // a prefilter over hundreds of literals would run there each time.
+            .prefilter(false)
             .build(&literal_ids)
             .expect("the literals compile");
         let unanchored_set = RegexSet::new(unanchored.iter().map(|&i| patterns[i].source.as_str()))
@@ -151,6 +157,7 @@ impl Matcher {
             literals,
             owners,
             extras: extra_bits,
+
             unanchored,
             unanchored_set,
         }
@@ -171,6 +178,7 @@ impl Matcher {
         // built-in table, no allocation for a text that opens no gate.
         let mut seen = Masks::new(self.patterns.len());
         let mut open = 0usize;
+        let mut opened = [0u16; INLINE_OPEN];
         // In a long text, the hits (literal, range), for the windows.
         let mut hits: Vec<(u32, Range<usize>)> = Vec::new();
         for m in self.literals.find_overlapping_iter(text) {
@@ -185,23 +193,35 @@ impl Matcher {
                 if *mask & bit == 0 {
                     *mask |= bit;
                     if *mask == self.patterns[p].full {
+                        if let Some(slot) = opened.get_mut(open) {
+                            *slot = p as u16;
+                        }
                         open += 1;
                     }
                 }
             }
         }
-        if open > 0 {
+        let mut run = |p: usize| {
+            let pattern = &self.patterns[p];
+            let m = if long {
+                self.search_windows(p, text, &hits)
+            } else {
+                pattern.regex.find(text).map(|m| m.range())
+            };
+            if let Some(span) = m {
+                found(p, span);
+            }
+        };
+        if open <= INLINE_OPEN {
+            let opened = &mut opened[..open];
+            opened.sort_unstable();
+            for &p in opened.iter() {
+                run(usize::from(p));
+            }
+        } else {
             for (p, pattern) in self.patterns.iter().enumerate() {
-                if pattern.full == 0 || seen.get(p) != pattern.full {
-                    continue;
-                }
-                let m = if long {
-                    self.search_windows(p, text, &hits)
-                } else {
-                    pattern.regex.find(text).map(|m| m.range())
-                };
-                if let Some(span) = m {
-                    found(p, span);
+                if pattern.full != 0 && seen.get(p) == pattern.full {
+                    run(p);
                 }
             }
         }
@@ -351,60 +371,5 @@ mod builtin_tests {
         let m = Matcher::new(table.iter().map(|(_, _, h, p)| (*h, *p)), &[]);
         let unanchored: Vec<&str> = m.unanchored.iter().map(|&i| table[i].3).collect();
         assert!(unanchored.is_empty(), "{unanchored:#?}");
-    }
-}
-
-#[cfg(test)]
-mod debug_tests {
-    use super::*;
-
-    #[test]
-    #[ignore]
-    fn print_clauses() {
-        let table: Vec<_> = super::super::families::all().collect();
-        for (_, _, h, p) in &table {
-            let hir = ParserBuilder::new().build().parse(p).unwrap();
-            let cl: Vec<Vec<String>> = anchors::clauses(&hir)
-                .into_iter()
-                .take(4)
-                .map(|c| {
-                    c.into_iter()
-                        .map(|l| String::from_utf8(l).unwrap())
-                        .collect()
-                })
-                .collect();
-            println!("{:.60}\n   hints {h:?}\n   {cl:?}", p);
-        }
-        let m = Matcher::new(table.iter().map(|(_, _, h, p)| (*h, *p)), &[]);
-        println!(
-            "literals {} states? memory {}",
-            m.literals.patterns_len(),
-            m.literals.memory_usage()
-        );
-        let corpus = include_str!("../../../../tests/data/injection_corpus.jsonl");
-        let mut armed_total = vec![0usize; m.len()];
-        for l in corpus.lines() {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            if v["label"] != "benign" {
-                continue;
-            }
-            let text = v["text"].as_str().unwrap();
-            let mut seen = vec![0u8; m.len()];
-            for mm in m.literals.find_overlapping_iter(text) {
-                for &(p, bit) in &m.owners[mm.pattern().as_usize()] {
-                    seen[p as usize] |= bit;
-                }
-            }
-            for p in 0..m.len() {
-                if m.patterns[p].full != 0 && seen[p] == m.patterns[p].full {
-                    armed_total[p] += 1;
-                }
-            }
-        }
-        for (p, n) in armed_total.iter().enumerate() {
-            if *n > 0 {
-                println!("armed {n:>4}  {:.70}", table[p].3);
-            }
-        }
     }
 }

@@ -141,26 +141,30 @@ static CLASS: [u8; 256] = {
 /// signs that the folded view is worth building.
 pub(crate) fn looks_obfuscated(text: &str) -> bool {
     let b = text.as_bytes();
-    let class = |i: usize| CLASS[usize::from(b[i])];
+    let Some((&first, rest)) = b.split_first() else {
+        return false;
+    };
+    let mut prev = CLASS[usize::from(first)];
     let mut isolated_run = 0u32;
-    for i in 1..b.len().saturating_sub(1) {
-        let cur = class(i);
-        if cur & (ALNUM | LEET) == 0 {
-            continue;
-        }
-        let (prev, next) = (class(i - 1), class(i + 1));
-        if cur & LEET != 0 && prev & next & ALPHA != 0 {
-            return true;
-        }
-        // A letter with a separator on both sides, as in "a.b.c".
-        if cur & ALPHA != 0 && prev & next & SEPARATOR != 0 {
-            isolated_run += 1;
-            if isolated_run >= 4 {
+    for (i, &byte) in rest.iter().enumerate() {
+        let Some(&after) = rest.get(i + 1) else { break };
+        let cur = CLASS[usize::from(byte)];
+        if cur & (ALNUM | LEET) != 0 {
+            let next = || CLASS[usize::from(after)];
+            if cur & LEET != 0 && prev & ALPHA != 0 && next() & ALPHA != 0 {
                 return true;
             }
-        } else if cur & ALNUM != 0 {
-            isolated_run = 0;
+            // A letter with a separator on both sides, as in "a.b.c".
+            if cur & ALPHA != 0 && prev & SEPARATOR != 0 && next() & SEPARATOR != 0 {
+                isolated_run += 1;
+                if isolated_run >= 4 {
+                    return true;
+                }
+            } else if cur & ALNUM != 0 {
+                isolated_run = 0;
+            }
         }
+        prev = cur;
     }
     false
 }
