@@ -9,10 +9,18 @@
 //!   normalisation, decoding or scoring.
 //! * `injection_prose/…`: the same two over 64 KiB of ordinary English
 //!   prose in one piece (a long retrieved document).
+//!
+//! For instruction counts, which hold still on a busy machine:
+//! `BENCH_CASE=benign BENCH_RUNS=100 valgrind --tool=callgrind
+//! target/release/deps/guards-…` scans the benign texts (`prose`: the
+//! 64 KiB document; `benign_regex_set`: the baseline over the benign texts)
+//! that many times without criterion; the difference
+//! between two run counts, divided by the difference in runs and by the
+//! bytes of one run, is the instructions per byte.
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, Criterion, Throughput};
 use regex::RegexSet;
 use tower_agent::lifecycle::builtin::guards::HeuristicDetector;
 
@@ -101,5 +109,40 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
+/// `BENCH_CASE` scanned `BENCH_RUNS` times, without criterion: for callgrind.
+fn counted_runs(case: &str, runs: usize) {
+    let detector = HeuristicDetector::new();
+    let texts = match case {
+        "benign" | "benign_regex_set" => benign_texts(),
+        "prose" => vec![prose(64 * 1024)],
+        other => panic!("BENCH_CASE is benign, benign_regex_set or prose, not {other}"),
+    };
+    let bytes: usize = texts.iter().map(String::len).sum();
+    if case == "benign_regex_set" {
+        let set = baseline();
+        for _ in 0..runs {
+            for t in &texts {
+                black_box(set.is_match(black_box(t)));
+            }
+        }
+        eprintln!("{case}: {runs} runs of {bytes} bytes");
+        return;
+    }
+    for _ in 0..runs {
+        for t in &texts {
+            black_box(detector.scan(black_box(t)));
+        }
+    }
+    eprintln!("{case}: {runs} runs of {bytes} bytes");
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    if let (Ok(case), Ok(runs)) = (std::env::var("BENCH_CASE"), std::env::var("BENCH_RUNS")) {
+        counted_runs(&case, runs.parse().expect("BENCH_RUNS is a number"));
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

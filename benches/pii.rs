@@ -6,11 +6,23 @@
 //! * `pii_mask_dense/{…}`: masking prose with one PII value per sentence.
 //! * `pii_stream_restore/deltas`: pushing a masked answer through a
 //!   `StreamRestorer` in LLM-sized deltas (2–12 bytes); reported per delta.
+//!
+//! For instruction counts, which hold still on a busy machine:
+//! `BENCH_CASE=layer_pii BENCH_RUNS=1000 valgrind --tool=callgrind
+//! target/release/deps/pii-…` calls the PII layer over a model that answers
+//! at once, with the short clean message of `benches/layers.rs`, that many
+//! times (`layer_bare`: the model alone); the difference between two run
+//! counts, divided by the difference in runs, is the instructions per call.
 
+use std::future::{ready, Ready};
+use std::task::{Context, Poll};
 use std::{hint::black_box, sync::Arc};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use tower_agent::layers::pii::{PiiConfig, PiiSession};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
+use tower::{Layer, Service, ServiceExt};
+use tower_agent::layers::pii::{MaskPiiLayer, PiiConfig, PiiSession};
+use tower_agent::types::{Message, ModelRequest, ModelResponse};
+use tower_agent::{BoxError, ModelCall, RunContext};
 
 /// xorshift64*, so the texts are the same on every run without a dependency.
 struct Rng(u64);
@@ -300,5 +312,66 @@ fn bench_stream_restore(c: &mut Criterion) {
     group.finish();
 }
 
+/// A model that answers at once with a prepared response.
+#[derive(Clone)]
+struct Noop(Arc<ModelResponse>);
+
+impl Service<ModelCall> for Noop {
+    type Response = ModelResponse;
+    type Error = BoxError;
+    type Future = Ready<Result<ModelResponse, BoxError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _call: ModelCall) -> Self::Future {
+        let mut response = ModelResponse::clone(&self.0);
+        response.usage_recorded = true;
+        ready(Ok(response))
+    }
+}
+
+/// `BENCH_CASE` called `BENCH_RUNS` times, without criterion: for callgrind.
+fn counted_runs(case: &str, runs: usize) {
+    let model = Noop(Arc::new(ModelResponse::new(
+        "bench-model",
+        Message::assistant("shipped"),
+    )));
+    let call = ModelCall::new(
+        ModelRequest::new("bench-model", vec![Message::user("Where is order A-1?")]),
+        RunContext::new(),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    match case {
+        "layer_pii" => {
+            let svc = MaskPiiLayer::default().layer(model);
+            rt.block_on(async {
+                for _ in 0..runs {
+                    let mut svc = svc.clone();
+                    black_box(svc.ready().await.unwrap().call(call.clone()).await.unwrap());
+                }
+            });
+        }
+        "layer_bare" => rt.block_on(async {
+            for _ in 0..runs {
+                let mut svc = model.clone();
+                black_box(svc.ready().await.unwrap().call(call.clone()).await.unwrap());
+            }
+        }),
+        other => panic!("BENCH_CASE is layer_pii or layer_bare, not {other}"),
+    }
+}
+
 criterion_group!(benches, bench_mask, bench_stream_restore);
-criterion_main!(benches);
+
+fn main() {
+    if let (Ok(case), Ok(runs)) = (std::env::var("BENCH_CASE"), std::env::var("BENCH_RUNS")) {
+        counted_runs(&case, runs.parse().expect("BENCH_RUNS is a number"));
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -4,7 +4,10 @@ use std::{
     borrow::Cow,
     collections::HashMap,
     fmt::Write as _,
-    sync::{Arc, PoisonError, RwLock, RwLockReadGuard},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, PoisonError, RwLock, RwLockReadGuard,
+    },
 };
 
 use sha2::{Digest, Sha256};
@@ -202,6 +205,9 @@ fn push_json_escaped(out: &mut String, value: &str) {
 pub struct PiiSession {
     engine: PiiEngine,
     vault: RwLock<Vault>,
+    /// Set once the vault holds a placeholder: until then restoring has
+    /// nothing to do and takes no lock.
+    filled: AtomicBool,
 }
 
 impl PiiEngine {
@@ -217,6 +223,7 @@ impl PiiSession {
         PiiSession {
             engine,
             vault: RwLock::new(Vault::default()),
+            filled: AtomicBool::new(false),
         }
     }
 
@@ -280,6 +287,12 @@ impl PiiSession {
     /// where it starts; the rest of it is taken out of the parts after.
     /// Returns `None` when nothing is found.
     pub fn mask_parts(&self, parts: &[&str]) -> Result<Option<Vec<String>>, PiiBlocked> {
+        if let [one] = parts {
+            return Ok(match self.mask(one)? {
+                Cow::Borrowed(_) => None,
+                Cow::Owned(masked) => Some(vec![masked]),
+            });
+        }
         let joined = parts.concat();
         let found = self.engine.detect(&joined);
         if found.is_empty() {
@@ -353,6 +366,7 @@ impl PiiSession {
                 });
                 let known = vault.by_placeholder.len();
                 let placeholder = vault.placeholder(&label, value);
+                self.filled.store(true, Ordering::Release);
                 // A value keeps the form it was first masked in.
                 if json && vault.by_placeholder.len() > known {
                     vault.escaped.insert(placeholder.clone());
@@ -383,6 +397,9 @@ impl PiiSession {
     /// (`<EMAIL_99>`, hashes, redactions) is left as is. Returns the input
     /// borrowed when nothing is replaced.
     pub fn restore<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        if !self.filled.load(Ordering::Acquire) {
+            return Cow::Borrowed(text);
+        }
         self.vault().restore(text)
     }
 
@@ -392,6 +409,9 @@ impl PiiSession {
     /// and the string decodes to the original value. A value masked with
     /// [`mask_json`](Self::mask_json) is put back as it stood.
     pub fn restore_json<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        if !self.filled.load(Ordering::Acquire) {
+            return Cow::Borrowed(text);
+        }
         self.vault()
             .restore_in(text, Some(&mut JsonScan::default()))
     }
@@ -408,7 +428,7 @@ impl PiiSession {
 
     /// Whether no placeholder has been handed out yet.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        !self.filled.load(Ordering::Acquire)
     }
 
     pub(crate) fn vault(&self) -> RwLockReadGuard<'_, Vault> {

@@ -1,5 +1,6 @@
 //! [`MaskPii`]: the PII engine as the innermost layer of the model stack.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
@@ -52,7 +53,9 @@ struct RunPiiState {
     source_len: usize,
     /// The lineage of that history, to tell an append from an edit.
     source_lineage: u64,
-    masked: History,
+    /// The masked history; `None` while masking changed nothing, so the
+    /// model gets the run's own history.
+    masked: Option<History>,
 }
 
 impl RunPii {
@@ -64,7 +67,7 @@ impl RunPii {
                         session: Arc::new(engine.session()),
                         source_len: 0,
                         source_lineage: 0,
-                        masked: History::new(),
+                        masked: None,
                     })))
                 })
                 .clone()
@@ -74,37 +77,37 @@ impl RunPii {
     fn lock(&self) -> MutexGuard<'_, RunPiiState> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// The usual call of a run: `history` is the one masked last time, as
+    /// it was. Answered without cloning the run's state out of the context.
+    fn unchanged(ctx: &RunContext, history: &History) -> Option<Masked> {
+        ctx.with_state(|state| {
+            let state = state.get::<RunPii>()?.lock();
+            (state.source_len == history.len() && state.source_lineage == history.lineage()).then(
+                || Masked {
+                    history: state.masked.clone(),
+                    count: 0,
+                    session: state.session.clone(),
+                },
+            )
+        })
+    }
 }
 
-/// Masks `message`, counting the values replaced.
+/// Masks `message`, counting the values replaced: `None` when nothing in it
+/// changes (and nothing is copied).
 fn mask_message(
     session: &PiiSession,
     message: &Message,
     count: &mut usize,
-) -> Result<Message, PiiBlocked> {
-    let mask = |text: &str, count: &mut usize| -> Result<Option<String>, PiiBlocked> {
-        Ok(match session.mask(text)? {
-            std::borrow::Cow::Borrowed(_) => None,
-            std::borrow::Cow::Owned(masked) => {
-                *count += 1;
-                Some(masked)
-            }
-        })
-    };
-    let mask_json = |text: &str, count: &mut usize| -> Result<Option<String>, PiiBlocked> {
-        Ok(match session.mask_json(text)? {
-            std::borrow::Cow::Borrowed(_) => None,
-            std::borrow::Cow::Owned(masked) => {
-                *count += 1;
-                Some(masked)
-            }
-        })
-    };
-    let mut out = message.clone();
-    match &mut out.content {
+) -> Result<Option<Message>, PiiBlocked> {
+    let mut out: Option<Message> = None;
+    match &message.content {
         Some(MessageContent::Text(text)) => {
-            if let Some(masked) = mask(text, count)? {
-                *text = masked;
+            if let Cow::Owned(masked) = session.mask(text)? {
+                *count += 1;
+                out.get_or_insert_with(|| message.clone()).content =
+                    Some(MessageContent::Text(masked));
             }
         }
         Some(MessageContent::Parts(parts)) => {
@@ -118,11 +121,14 @@ fn mask_message(
                 .collect();
             if let Some(masked) = session.mask_parts(&texts)? {
                 *count += 1;
-                let mut masked = masked.into_iter();
-                for part in parts.iter_mut() {
-                    if let ContentPart::Text { text } = part {
-                        if let Some(m) = masked.next() {
-                            *text = m;
+                let copy = out.get_or_insert_with(|| message.clone());
+                if let Some(MessageContent::Parts(parts)) = &mut copy.content {
+                    let mut masked = masked.into_iter();
+                    for part in parts.iter_mut() {
+                        if let ContentPart::Text { text } = part {
+                            if let Some(m) = masked.next() {
+                                *text = m;
+                            }
                         }
                     }
                 }
@@ -130,9 +136,10 @@ fn mask_message(
         }
         None => {}
     }
-    for call in &mut out.tool_calls {
-        if let Some(masked) = mask_json(&call.arguments, count)? {
-            call.arguments = masked;
+    for (i, call) in message.tool_calls.iter().enumerate() {
+        if let Cow::Owned(masked) = session.mask_json(&call.arguments)? {
+            *count += 1;
+            out.get_or_insert_with(|| message.clone()).tool_calls[i].arguments = masked;
         }
     }
     Ok(out)
@@ -141,7 +148,7 @@ fn mask_message(
 /// Restores the placeholders of `message` in place.
 fn restore_message(session: &PiiSession, message: &mut Message) {
     let restore = |text: &mut String| {
-        if let std::borrow::Cow::Owned(restored) = session.restore(text) {
+        if let Cow::Owned(restored) = session.restore(text) {
             *text = restored;
         }
     };
@@ -157,31 +164,65 @@ fn restore_message(session: &PiiSession, message: &mut Message) {
         None => {}
     }
     for call in &mut message.tool_calls {
-        if let std::borrow::Cow::Owned(restored) = session.restore_json(&call.arguments) {
+        if let Cow::Owned(restored) = session.restore_json(&call.arguments) {
             call.arguments = restored;
         }
     }
 }
 
+/// What one call sends: the masked history (`None`: the call's own history
+/// unchanged), how many values were masked in the messages added since the
+/// last call, and the run's session.
+struct Masked {
+    history: Option<History>,
+    count: usize,
+    session: Arc<PiiSession>,
+}
+
 /// The masked history for this call: the run's masked history, extended by
 /// the messages added since the last call (all of it again after an edit).
-fn masked_history(run: &RunPii, history: &History) -> Result<(History, usize), PiiBlocked> {
+/// A message masking leaves unchanged is not copied; while none changed,
+/// no history is built at all.
+fn masked_history(run: &RunPii, history: &History) -> Result<Masked, PiiBlocked> {
     let mut state = run.lock();
     let state = &mut *state;
-    let unchanged = state.source_len <= history.len() && history.lineage() == state.source_lineage;
+    let len = history.len();
+    let unchanged = state.source_len <= len && history.lineage() == state.source_lineage;
     if !unchanged {
         state.source_len = 0;
-        state.masked = History::new();
+        state.masked = None;
     }
     let mut count = 0;
-    let mut added = Vec::with_capacity(history.len() - state.source_len);
-    for message in history.iter().skip(state.source_len) {
-        added.push(mask_message(&state.session, message, &mut count)?);
+    if state.source_len < len {
+        let mut changed: Vec<(usize, Message)> = Vec::new();
+        for (i, message) in history.iter().enumerate().skip(state.source_len) {
+            if let Some(masked) = mask_message(&state.session, message, &mut count)? {
+                changed.push((i, masked));
+            }
+        }
+        if !changed.is_empty() || state.masked.is_some() {
+            let source_len = state.source_len;
+            let masked = state.masked.get_or_insert_with(|| {
+                let mut prefix = history.clone();
+                prefix.truncate(source_len);
+                prefix
+            });
+            let mut changed = changed.into_iter().peekable();
+            masked.extend(history.iter().enumerate().skip(source_len).map(|(i, m)| {
+                match changed.next_if(|(j, _)| *j == i) {
+                    Some((_, masked)) => masked,
+                    None => m.clone(),
+                }
+            }));
+        }
+        state.source_len = len;
+        state.source_lineage = history.lineage();
     }
-    state.masked.extend(added);
-    state.source_len = history.len();
-    state.source_lineage = history.lineage();
-    Ok((state.masked.clone(), count))
+    Ok(Masked {
+        history: state.masked.clone(),
+        count,
+        session: state.session.clone(),
+    })
 }
 
 /// Restores streamed deltas through hold-back buffers: one for the text, one
@@ -267,6 +308,7 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, mut call: ModelCall) -> Self::Future {
         let engine = match &self.engine {
             Ok(engine) => engine,
@@ -275,31 +317,31 @@ where
                 return future::ResponseFuture::blocked(err);
             }
         };
-        let ctx = call.context.clone();
-        let run = RunPii::of(&ctx, engine);
-        let session = run.lock().session.clone();
-        let (masked, count) = match masked_history(&run, &call.request.messages) {
-            Ok(masked) => masked,
-            Err(blocked) => {
-                let err: BoxError = Box::new(AgentError::Tripwire {
-                    middleware: "pii".into(),
-                    hook: "wrap_model".into(),
-                    reason: format!(
-                        "the conversation holds PII of a blocked kind: {}",
-                        blocked.kind.label()
-                    ),
-                    info: Some(json!({ "kind": blocked.kind.label() })),
-                });
-                return future::ResponseFuture::blocked(err);
+        let masked = match RunPii::unchanged(&call.context, &call.request.messages) {
+            Some(masked) => masked,
+            None => {
+                let run = RunPii::of(&call.context, engine);
+                match masked_history(&run, &call.request.messages) {
+                    Ok(masked) => masked,
+                    Err(blocked) => return future::ResponseFuture::blocked(blocked_error(blocked)),
+                }
             }
         };
+        let Masked {
+            history,
+            count,
+            session,
+        } = masked;
         if count > 0 {
+            let ctx = &call.context;
             ctx.emit(|| AgentEvent::PiiMasked {
                 run_id: ctx.run_id().clone(),
                 count,
             });
         }
-        call.request.messages = masked;
+        if let Some(history) = history {
+            call.request.messages = history;
+        }
         let stream = call.stream.take().map(|sink| {
             let (restoring, state) = restoring_sink(sink.clone(), session.clone());
             call.stream = Some(restoring);
@@ -307,6 +349,20 @@ where
         });
         future::ResponseFuture::new(self.inner.call(call), session, stream)
     }
+}
+
+/// The tripwire of a conversation holding PII of a blocked kind.
+#[cold]
+fn blocked_error(blocked: PiiBlocked) -> BoxError {
+    Box::new(AgentError::Tripwire {
+        middleware: "pii".into(),
+        hook: "wrap_model".into(),
+        reason: format!(
+            "the conversation holds PII of a blocked kind: {}",
+            blocked.kind.label()
+        ),
+        info: Some(json!({ "kind": blocked.kind.label() })),
+    })
 }
 
 /// The future of [`MaskPii`].
@@ -352,6 +408,7 @@ pub mod future {
     }
 
     impl<F> ResponseFuture<F> {
+        #[inline]
         pub(super) fn new(future: F, session: Arc<PiiSession>, stream: Option<Stream>) -> Self {
             Self {
                 state: State::Calling {
@@ -376,6 +433,7 @@ pub mod future {
     {
         type Output = Result<ModelResponse, BoxError>;
 
+        #[inline]
         fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
             match self.project().state.project() {
                 StateProj::Calling {
@@ -383,13 +441,21 @@ pub mod future {
                     session,
                     stream,
                 } => {
-                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    let result = ready!(future.poll(cx));
                     if let Some((sink, state)) = stream.take() {
                         flush(&sink, &state, session);
                     }
-                    let mut response = result?;
-                    restore_message(session, &mut response.message);
-                    Poll::Ready(Ok(response))
+                    Poll::Ready(match result {
+                        Ok(mut response) => {
+                            // A session that handed out no placeholder has
+                            // nothing to restore.
+                            if !session.is_empty() {
+                                restore_message(session, &mut response.message);
+                            }
+                            Ok(response)
+                        }
+                        Err(err) => Err(err.into()),
+                    })
                 }
                 StateProj::Blocked { error } => {
                     Poll::Ready(Err(error.take().unwrap_or_else(|| {

@@ -2,9 +2,7 @@
 //! URL-encoded text and ROT13.
 
 use std::ops::Range;
-use std::sync::OnceLock;
 
-use aho_corasick::AhoCorasick;
 use base64::engine::general_purpose::{STANDARD_PAD_INDIFFERENT, URL_SAFE_PAD_INDIFFERENT};
 use base64::Engine;
 
@@ -12,6 +10,41 @@ use super::detector::View;
 
 /// The shortest run of base64 or hex characters worth decoding.
 const MIN_RUN: usize = 16;
+
+/// Literals that make a payload worth decoding, found by the detector's
+/// one pass over the text ([`payloads`] takes the bits of those present):
+/// ROT13 of words an injection uses (ignore, disregard, forget,
+/// instructions, prompt, system, password, previous, reveal, pwned), then
+/// the start of a JSON `\u` escape.
+pub(crate) const TRIGGERS: &[&str] = &[
+    "vtaber",
+    "qvfertneq",
+    "sbetrg",
+    "vafgehpgvbaf",
+    "cebzcg",
+    "flfgrz",
+    "cnffjbeq",
+    "cerivbhf",
+    "erirny",
+    "cjarq",
+    "\\u",
+];
+/// The bits of [`TRIGGERS`] that are ROT13 keywords.
+const ROT13_BITS: u64 = (1 << 10) - 1;
+/// The bit of the JSON escape.
+const ESCAPE_BIT: u64 = 1 << 10;
+
+/// Bytes of the base64 (standard and URL-safe) alphabet, and `=`.
+static B64: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        t[i] = b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_' | b'=');
+        i += 1;
+    }
+    t
+};
 
 /// One decoded payload.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,31 +72,28 @@ fn as_text(bytes: Vec<u8>) -> Option<String> {
     (printable * 100 >= total * 95).then_some(text)
 }
 
-fn is_b64(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_' | b'=')
-}
-
 /// The payloads in `text`: runs of base64 or hex, URL-encoded text, and
-/// the text itself read as ROT13 when ROT13'd keywords show.
-pub(crate) fn payloads(text: &str, out: &mut Vec<Payload>) {
+/// the text itself read as ROT13 when ROT13'd keywords show. `triggers`
+/// holds the bits of the [`TRIGGERS`] present in `text`.
+pub(crate) fn payloads(text: &str, triggers: u64, out: &mut Vec<Payload>) {
     let b = text.as_bytes();
     let mut i = 0;
     let mut percents = 0usize;
     while i < b.len() {
         let c = b[i];
-        if c == b'%'
-            && i + 2 < b.len()
-            && b[i + 1].is_ascii_hexdigit()
-            && b[i + 2].is_ascii_hexdigit()
-        {
-            percents += 1;
-        }
-        if !is_b64(c) {
+        if !B64[usize::from(c)] {
+            if c == b'%'
+                && i + 2 < b.len()
+                && b[i + 1].is_ascii_hexdigit()
+                && b[i + 2].is_ascii_hexdigit()
+            {
+                percents += 1;
+            }
             i += 1;
             continue;
         }
         let start = i;
-        while i < b.len() && is_b64(b[i]) {
+        while i < b.len() && B64[usize::from(b[i])] {
             i += 1;
         }
         if i - start >= MIN_RUN {
@@ -81,7 +111,7 @@ pub(crate) fn payloads(text: &str, out: &mut Vec<Payload>) {
             });
         }
     }
-    if text.matches("\\u").nth(2).is_some() {
+    if triggers & ESCAPE_BIT != 0 && text.matches("\\u").nth(2).is_some() {
         let unescaped = unescape_json(text);
         if unescaped != text {
             out.push(Payload {
@@ -91,7 +121,7 @@ pub(crate) fn payloads(text: &str, out: &mut Vec<Payload>) {
             });
         }
     }
-    if rot13_keywords().is_match(text) {
+    if triggers & ROT13_BITS != 0 {
         out.push(Payload {
             view: View::Rot13,
             at: 0..text.len(),
@@ -168,29 +198,6 @@ fn unescape_json(text: &str) -> String {
     out
 }
 
-/// ROT13 of words an injection uses: ignore, disregard, forget,
-/// instructions, prompt, system, password, previous, reveal, pwned.
-fn rot13_keywords() -> &'static AhoCorasick {
-    static AC: OnceLock<AhoCorasick> = OnceLock::new();
-    AC.get_or_init(|| {
-        AhoCorasick::builder()
-            .ascii_case_insensitive(true)
-            .build([
-                "vtaber",
-                "qvfertneq",
-                "sbetrg",
-                "vafgehpgvbaf",
-                "cebzcg",
-                "flfgrz",
-                "cnffjbeq",
-                "cerivbhf",
-                "erirny",
-                "cjarq",
-            ])
-            .expect("the ROT13 keywords compile")
-    })
-}
-
 /// `text` with ASCII letters rotated by 13.
 pub(crate) fn rot13(text: &str) -> String {
     text.chars()
@@ -207,8 +214,14 @@ mod tests {
     use super::*;
 
     fn decode(text: &str) -> Vec<(View, String)> {
+        let lower = text.to_ascii_lowercase();
+        let triggers = TRIGGERS
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| lower.contains(*t))
+            .fold(0, |acc, (bit, _)| acc | 1 << bit);
         let mut out = Vec::new();
-        payloads(text, &mut out);
+        payloads(text, triggers, &mut out);
         out.into_iter().map(|p| (p.view, p.text)).collect()
     }
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use aho_corasick::AhoCorasick;
 use futures::future::BoxFuture;
 
-use super::decode::{payloads, Payload};
+use super::decode::{payloads, Payload, TRIGGERS};
 use super::detector::Pattern;
 use super::detector::{excerpt, Detection, Evidence, Family, InjectionDetector, View};
 use super::families::{self, FOLDED};
@@ -78,7 +78,7 @@ impl HeuristicDetector {
     /// The detector with its built-in patterns.
     pub fn new() -> Self {
         let table: Vec<&'static Pattern> = families::all().collect();
-        let patterns = Matcher::new(table.iter().map(|(_, _, hints, p)| (*hints, *p)));
+        let patterns = Matcher::new(table.iter().map(|(_, _, hints, p)| (*hints, *p)), TRIGGERS);
         let folded =
             AhoCorasick::new(FOLDED.iter().map(|(_, _, p)| p)).expect("the folded phrases compile");
         Self {
@@ -101,7 +101,7 @@ impl HeuristicDetector {
     fn scan_into(&self, text: &str, view: View, depth: u8, hits: &mut Vec<Hit>) {
         let normalized = normalize(text);
         let text = normalized.text.as_ref();
-        self.match_patterns(text, view, hits);
+        let triggers = self.match_patterns(text, view, hits);
         if normalized.invisible > 0 || normalized.confusables > 0 || looks_obfuscated(text) {
             let folded = fold(text);
             for m in self.compiled.folded.find_iter(&folded) {
@@ -117,7 +117,7 @@ impl HeuristicDetector {
         }
         if depth < MAX_DEPTH {
             let mut found: Vec<Payload> = Vec::new();
-            payloads(text, &mut found);
+            payloads(text, triggers, &mut found);
             for payload in found {
                 let before = hits.len();
                 self.scan_into(&payload.text, payload.view, depth + 1, hits);
@@ -135,9 +135,11 @@ impl HeuristicDetector {
         }
     }
 
-    fn match_patterns(&self, text: &str, view: View, hits: &mut Vec<Hit>) {
+    /// Scores the patterns in `text`; returns the bits of the decoding
+    /// [`TRIGGERS`] it holds.
+    fn match_patterns(&self, text: &str, view: View, hits: &mut Vec<Hit>) -> u64 {
         let start = hits.len();
-        self.compiled.patterns.find(text, |i, span| {
+        let triggers = self.compiled.patterns.find(text, |i, span| {
             let (family, weight, _, _) = *self.compiled.table[i];
             hits.push(Hit {
                 family,
@@ -148,7 +150,7 @@ impl HeuristicDetector {
             });
         });
         if hits.len() == start {
-            return;
+            return triggers;
         }
         // An instruction inside hidden markup weighs more than either.
         let hidden: Vec<Range<usize>> = hits[start..]
@@ -172,6 +174,7 @@ impl HeuristicDetector {
                 });
             }
         }
+        triggers
     }
 }
 

@@ -83,6 +83,7 @@
 //! ```
 
 mod adapters;
+mod anchors;
 mod checks;
 mod decode;
 mod detector;

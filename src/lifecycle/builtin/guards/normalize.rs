@@ -58,8 +58,12 @@ pub(crate) fn normalize(text: &str) -> Normalized<'_> {
     }
     // Most non-ASCII text (accented letters, CJK) is already NFKC and has
     // nothing to remove or fold: borrow it, as the loop below would return it.
-    if !text.chars().any(|c| is_invisible(c) || may_fold(c))
-        && unicode_normalization::is_nfkc_quick(text.chars()) == IsNormalized::Yes
+    // (ASCII characters are NFKC, start no sequence and fold nothing: only
+    // the others are looked at. Leaving them out can only make the quick
+    // check less sure, never wrongly sure.)
+    let others = || text.chars().filter(|c| !c.is_ascii());
+    if !others().any(|c| is_invisible(c) || may_fold(c))
+        && unicode_normalization::is_nfkc_quick(others()) == IsNormalized::Yes
     {
         return Normalized {
             text: Cow::Borrowed(text),
@@ -92,7 +96,7 @@ pub(crate) fn normalize(text: &str) -> Normalized<'_> {
 }
 
 /// The letter a leetspeak character stands for.
-fn leet(b: u8) -> Option<u8> {
+const fn leet(b: u8) -> Option<u8> {
     Some(match b {
         b'0' => b'o',
         b'1' | b'!' | b'|' => b'i',
@@ -106,29 +110,65 @@ fn leet(b: u8) -> Option<u8> {
     })
 }
 
+/// Byte classes for [`looks_obfuscated`].
+const ALPHA: u8 = 1;
+const ALNUM: u8 = 2;
+const LEET: u8 = 4;
+const SEPARATOR: u8 = 8;
+
+static CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        let mut c = 0;
+        if b.is_ascii_alphabetic() {
+            c |= ALPHA | ALNUM;
+        }
+        if b.is_ascii_digit() {
+            c |= ALNUM;
+        }
+        if leet(b).is_some() {
+            c |= LEET;
+        }
+        if matches!(b, b' ' | b'.' | b'-' | b'_' | b'*') {
+            c |= SEPARATOR;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
+};
+
 /// Whether `text` shows leetspeak (a leet character between letters, as in
 /// `1gn0re`) or spaced-out letters (`i g n o r e`, `i.g.n.o.r.e`): the
 /// signs that the folded view is worth building.
 pub(crate) fn looks_obfuscated(text: &str) -> bool {
     let b = text.as_bytes();
+    let Some((&first, rest)) = b.split_first() else {
+        return false;
+    };
+    let mut prev = CLASS[usize::from(first)];
     let mut isolated_run = 0u32;
-    for i in 1..b.len().saturating_sub(1) {
-        let (prev, cur, next) = (b[i - 1], b[i], b[i + 1]);
-        if leet(cur).is_some() && prev.is_ascii_alphabetic() && next.is_ascii_alphabetic() {
-            return true;
-        }
-        // A letter with a separator on both sides, as in "a.b.c".
-        if cur.is_ascii_alphabetic()
-            && matches!(prev, b' ' | b'.' | b'-' | b'_' | b'*')
-            && matches!(next, b' ' | b'.' | b'-' | b'_' | b'*')
-        {
-            isolated_run += 1;
-            if isolated_run >= 4 {
+    for (i, &byte) in rest.iter().enumerate() {
+        let Some(&after) = rest.get(i + 1) else { break };
+        let cur = CLASS[usize::from(byte)];
+        if cur & (ALNUM | LEET) != 0 {
+            let next = || CLASS[usize::from(after)];
+            if cur & LEET != 0 && prev & ALPHA != 0 && next() & ALPHA != 0 {
                 return true;
             }
-        } else if cur.is_ascii_alphabetic() || cur.is_ascii_digit() {
-            isolated_run = 0;
+            // A letter with a separator on both sides, as in "a.b.c".
+            if cur & ALPHA != 0 && prev & SEPARATOR != 0 && next() & SEPARATOR != 0 {
+                isolated_run += 1;
+                if isolated_run >= 4 {
+                    return true;
+                }
+            } else if cur & ALNUM != 0 {
+                isolated_run = 0;
+            }
         }
+        prev = cur;
     }
     false
 }
