@@ -8,7 +8,7 @@
 //! checks again.
 //!
 //! Each key's state sits behind its own lock in a [`KeyShared`], found once
-//! per call: the [`Waiter`] and [`Ticket`] of a call hold it, so settling,
+//! per call: the `Waiter` and `Ticket` of a call hold it, so settling,
 //! releasing and leaving go straight to it. The first key a layer sees (the
 //! only one, for a layer bound to one model) is found without the map. A
 //! call admitted at once takes the lock once: its settlement is posted
@@ -31,7 +31,6 @@ use super::bucket::{Bucket, Epoch, Grant};
 use super::limits::{Config, EstimateFn, KeyFn, Limits};
 use super::posts::{self, InFlight, Posts};
 use super::remote::Remote;
-use super::ticket::{Ticket, Waiter};
 use crate::request::ModelCall;
 use crate::tokens::{request_tokens, TokenCounters};
 
@@ -190,14 +189,14 @@ impl KeyShared {
     ///
     /// # Errors
     ///
-    /// When the call would wait longer than `max_wait`: the key and how
-    /// long the call would wait. Nothing is taken or queued then.
-    pub(super) fn arrive(
-        self: Arc<Self>,
+    /// When the call would wait longer than `max_wait`: how long it would
+    /// wait. Nothing is taken or queued then.
+    pub(super) fn enter(
+        &self,
         requests: u64,
         tokens: u64,
         max_wait: Duration,
-    ) -> Result<Arrival, Refused> {
+    ) -> Result<Entered, Duration> {
         let now = self.epoch.now();
         let mut state = self.state();
         state.catch_up(&self.posts, now);
@@ -212,15 +211,12 @@ impl KeyShared {
         if position == 0 && state.fits(requests, tokens) {
             let taken = state.take(requests, tokens);
             drop(state);
-            return Ok(Arrival::Admitted(Ticket::new(self, taken)));
+            return Ok(Entered::Admitted(taken));
         }
         let wait = state.wait_at(position, requests, tokens);
         if wait > max_wait {
             drop(state);
-            return Err(Refused {
-                key: self,
-                retry_after: wait,
-            });
+            return Err(wait);
         }
         let id = state.next_id;
         state.next_id += 1;
@@ -236,7 +232,7 @@ impl KeyShared {
             state.holders += 1;
         }
         drop(state);
-        Ok(Arrival::Queued(Waiter::new(self, id)))
+        Ok(Entered::Queued(id))
     }
 
     /// Admits waiter `id` if it is the head and its needs fit; otherwise
@@ -392,18 +388,12 @@ impl Keys {
     }
 }
 
-/// A call refused on arrival: it would wait longer than it may.
-pub(super) struct Refused {
-    pub(super) key: Arc<KeyShared>,
-    pub(super) retry_after: Duration,
-}
-
-/// The outcome of arriving at a key's queue.
-pub(super) enum Arrival {
-    /// Admitted at once.
-    Admitted(Ticket),
-    /// Queued: poll the waiter until it is admitted.
-    Queued(Waiter),
+/// Where a call stands once it entered its key's queue.
+pub(super) enum Entered {
+    /// Admitted at once, with what it took.
+    Admitted(Taken),
+    /// Queued under this id.
+    Queued(u64),
 }
 
 impl Limiter {

@@ -166,8 +166,8 @@ use tower::Service;
 use crate::error::BoxError;
 use crate::request::ModelCall;
 use crate::types::ModelResponse;
-use limiter::{Arrival, KeyShared, Limiter, Refused};
-use ticket::{Ticket, Waiter};
+use limiter::{KeyShared, Limiter};
+use ticket::{Arrival, Refused, Ticket, Waiter};
 
 /// What `poll_ready` holds for the next call (with a fixed key).
 enum Slot {

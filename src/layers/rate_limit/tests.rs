@@ -143,7 +143,7 @@ fn every_thread_finds_the_same_state_for_a_key() {
 
 #[tokio::test(start_paused = true)]
 async fn idle_keys_are_swept_and_busy_ones_kept() {
-    use super::limiter::Arrival;
+    use super::ticket::Arrival;
     let admit = |limiter: &Limiter, key: &str| match limiter.key(key).arrive(1, 0, Duration::ZERO) {
         Ok(Arrival::Admitted(ticket)) => ticket,
         _ => panic!("`{key}` has room"),

@@ -1,17 +1,58 @@
 //! What a call holds of a key's quota: its place in the queue ([`Waiter`]),
 //! then its grants ([`Ticket`]), then, once sent, what it still has to
-//! settle ([`Settlement`]).
+//! settle ([`Settlement`]); and its arrival ([`Arrival`]), which hands it
+//! the first of them.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::time::Sleep;
 
 use super::bucket::Grant;
-use super::limiter::{Admit, KeyShared, Taken};
+use super::limiter::{Admit, Entered, KeyShared, Taken};
+
+/// A call refused on arrival: it would wait longer than it may.
+pub(super) struct Refused {
+    pub(super) key: Arc<KeyShared>,
+    pub(super) retry_after: Duration,
+}
+
+/// The outcome of arriving at a key's queue.
+pub(super) enum Arrival {
+    /// Admitted at once.
+    Admitted(Ticket),
+    /// Queued: poll the waiter until it is admitted.
+    Queued(Waiter),
+}
+
+impl KeyShared {
+    /// Arrives at the key's queue needing `requests` (0 for a caller that
+    /// already holds its request slot) and `tokens`.
+    ///
+    /// # Errors
+    ///
+    /// When the call would wait longer than `max_wait`: the key and how
+    /// long the call would wait. Nothing is taken or queued then.
+    pub(super) fn arrive(
+        self: Arc<Self>,
+        requests: u64,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<Arrival, Refused> {
+        match self.enter(requests, tokens, max_wait) {
+            Ok(Entered::Admitted(taken)) => Ok(Arrival::Admitted(Ticket::new(self, taken))),
+            Ok(Entered::Queued(id)) => Ok(Arrival::Queued(Waiter::new(self, id))),
+            Err(retry_after) => Err(Refused {
+                key: self,
+                retry_after,
+            }),
+        }
+    }
+}
 
 /// A place in a key's queue. Dropped before admission, it leaves the queue.
 pub(super) struct Waiter {
