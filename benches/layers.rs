@@ -12,9 +12,7 @@
 //! criterion; the difference between two run counts, divided by the
 //! difference in calls, is the instructions per call.
 
-use std::future::{ready, Ready};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::future::Ready;
 use std::time::Duration;
 
 use criterion::{criterion_group, BatchSize, Criterion};
@@ -31,27 +29,6 @@ use tower_agent::{BoxError, ModelCall, RunContext};
 
 #[path = "common/mod.rs"]
 mod common;
-
-/// A model that answers at once with a prepared response. Like a real
-/// provider client, it is cheap to clone (tower's retry clones it per call).
-#[derive(Clone)]
-struct Noop(Arc<ModelResponse>);
-
-impl Service<ModelCall> for Noop {
-    type Response = ModelResponse;
-    type Error = BoxError;
-    type Future = Ready<Result<ModelResponse, BoxError>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _call: ModelCall) -> Self::Future {
-        let mut response = ModelResponse::clone(&self.0);
-        response.usage_recorded = true;
-        ready(Ok(response))
-    }
-}
 
 /// tower's cheapest real layer: a request map that changes nothing.
 fn noop_layer<S>(inner: S) -> tower::util::MapRequest<S, fn(ModelCall) -> ModelCall> {
@@ -105,7 +82,7 @@ trait Visit {
 
 /// Every case of the group but the cache miss (which needs a fresh request
 /// per call), in the order criterion runs them.
-fn cases(v: &mut impl Visit, model: &Noop) {
+fn cases(v: &mut impl Visit, model: &common::Noop) {
     v.case("baseline/bare", model.clone());
     v.case("baseline/tower_noop_x1", noop_layer(model.clone()));
     v.case(
@@ -173,13 +150,6 @@ fn ample_limit() -> ModelRateLimitLayer {
         .tokens(u64::MAX / 4, Duration::from_secs(1))
 }
 
-fn noop_model() -> Noop {
-    Noop(Arc::new(ModelResponse::new(
-        "bench-model",
-        Message::assistant("shipped"),
-    )))
-}
-
 struct Timed<'a, 'c> {
     group: &'a mut criterion::BenchmarkGroup<'c, criterion::measurement::WallTime>,
     rt: &'a tokio::runtime::Runtime,
@@ -235,7 +205,7 @@ impl Visit for Counted<'_> {
 
 fn layers(c: &mut Criterion) {
     let rt = common::runtime();
-    let model = noop_model();
+    let model = common::noop_model();
     let call = call();
     let mut group = c.benchmark_group("layer_per_call");
     cases(
@@ -286,7 +256,7 @@ criterion_group!(benches, layers);
 
 /// The two cache-miss cases, called `runs` times with a fresh call each.
 fn count_cache_miss(name: &str, runs: usize) {
-    let model = noop_model();
+    let model = common::noop_model();
     let svc: BoxCloneSyncService<ModelCall, ModelResponse, BoxError> = match name {
         "cache_miss_memory_store" => boxed(CacheLayer::new().layer(model)),
         "cache_miss_baseline_bare" => boxed(model),
@@ -311,7 +281,7 @@ fn main() {
             runs: runs.parse().expect("BENCH_RUNS is a number"),
             found: false,
         };
-        cases(&mut counted, &noop_model());
+        cases(&mut counted, &common::noop_model());
         if !counted.found {
             count_cache_miss(&name, counted.runs);
         }

@@ -14,15 +14,16 @@
 //! times (`layer_bare`: the model alone); the difference between two run
 //! counts, divided by the difference in runs, is the instructions per call.
 
-use std::future::{ready, Ready};
-use std::task::{Context, Poll};
 use std::{hint::black_box, sync::Arc};
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use tower::{Layer, Service, ServiceExt};
 use tower_agent::layers::pii::{MaskPiiLayer, PiiConfig, PiiSession};
-use tower_agent::types::{Message, ModelRequest, ModelResponse};
-use tower_agent::{BoxError, ModelCall, RunContext};
+use tower_agent::types::{Message, ModelRequest};
+use tower_agent::{ModelCall, RunContext};
+
+#[path = "common/mod.rs"]
+mod common;
 
 /// xorshift64*, so the texts are the same on every run without a dependency.
 struct Rng(u64);
@@ -312,32 +313,9 @@ fn bench_stream_restore(c: &mut Criterion) {
     group.finish();
 }
 
-/// A model that answers at once with a prepared response.
-#[derive(Clone)]
-struct Noop(Arc<ModelResponse>);
-
-impl Service<ModelCall> for Noop {
-    type Response = ModelResponse;
-    type Error = BoxError;
-    type Future = Ready<Result<ModelResponse, BoxError>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _call: ModelCall) -> Self::Future {
-        let mut response = ModelResponse::clone(&self.0);
-        response.usage_recorded = true;
-        ready(Ok(response))
-    }
-}
-
 /// `BENCH_CASE` called `BENCH_RUNS` times, without criterion: for callgrind.
 fn counted_runs(case: &str, runs: usize) {
-    let model = Noop(Arc::new(ModelResponse::new(
-        "bench-model",
-        Message::assistant("shipped"),
-    )));
+    let model = common::noop_model();
     let call = ModelCall::new(
         ModelRequest::new("bench-model", vec![Message::user("Where is order A-1?")]),
         RunContext::new(),

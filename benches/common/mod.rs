@@ -2,10 +2,15 @@
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+use std::future::{ready, Ready};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
 use schemars::JsonSchema;
 use serde::Deserialize;
-use tower_agent::types::{ModelRequest, Role};
-use tower_agent::{tool_sync, BoxError, ScriptedModel, ScriptedTurn, ToolRouter};
+use tower::Service;
+use tower_agent::types::{Message, ModelRequest, ModelResponse, Role};
+use tower_agent::{tool_sync, BoxError, ModelCall, ScriptedModel, ScriptedTurn, ToolRouter};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct Lookup {
@@ -88,4 +93,33 @@ impl LayerModel for tower_agent::layers::pii::MaskPiiLayer {
     ) -> tower_agent::layers::pii::MaskPii<ScriptedModel> {
         tower::Layer::layer(self, model)
     }
+}
+
+/// A model that answers at once with a prepared response. Like a real
+/// provider client, it is cheap to clone (tower's retry clones it per call).
+#[derive(Clone)]
+pub struct Noop(Arc<ModelResponse>);
+
+impl Service<ModelCall> for Noop {
+    type Response = ModelResponse;
+    type Error = BoxError;
+    type Future = Ready<Result<ModelResponse, BoxError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _call: ModelCall) -> Self::Future {
+        let mut response = ModelResponse::clone(&self.0);
+        response.usage_recorded = true;
+        ready(Ok(response))
+    }
+}
+
+/// The no-op model with its one answer, "shipped".
+pub fn noop_model() -> Noop {
+    Noop(Arc::new(ModelResponse::new(
+        "bench-model",
+        Message::assistant("shipped"),
+    )))
 }
