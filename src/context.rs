@@ -23,12 +23,16 @@
 
 use std::any::Any;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use pin_project_lite::pin_project;
 use serde_json::Value;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::error::{AgentError, TimeoutSource};
@@ -299,24 +303,14 @@ impl RunContext {
     /// `fut`, unless the run is cancelled or reaches its deadline first:
     /// then [`AgentError::Cancelled`] or [`AgentError::Timeout`] (the run's
     /// deadline, after how long), and `fut` is dropped.
-    pub(crate) async fn race<F: std::future::Future>(
-        &self,
-        fut: F,
-    ) -> Result<F::Output, AgentError> {
-        async fn until(deadline: Option<Instant>) {
-            match deadline {
-                Some(deadline) => tokio::time::sleep_until(deadline).await,
-                None => std::future::pending().await,
-            }
-        }
-        tokio::select! {
-            biased;
-            () = self.cancelled() => Err(AgentError::Cancelled),
-            () = until(self.deadline()) => Err(AgentError::Timeout {
-                timer: TimeoutSource::RunDeadline,
-                after: Some(self.elapsed()),
-            }),
-            out = fut => Ok(out),
+    pub(crate) fn race<F: Future>(&self, fut: F) -> Race<'_, F> {
+        Race {
+            ctx: self,
+            cancelled: self.cancelled(),
+            deadline: self
+                .deadline()
+                .map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
+            fut,
         }
     }
 
@@ -777,6 +771,41 @@ impl RunContextBuilder {
                 stop_unattributed: AtomicBool::new(false),
             }),
         }
+    }
+}
+
+pin_project! {
+    /// [`RunContext::race`]: `fut`, unless the run is cancelled or reaches
+    /// its deadline first (checked in that order). Every suspended run holds
+    /// one while it waits on its model, so it is small: the deadline's timer
+    /// is on the heap, and only when the run has a deadline.
+    pub(crate) struct Race<'a, F> {
+        ctx: &'a RunContext,
+        #[pin]
+        cancelled: WaitForCancellationFuture<'a>,
+        deadline: Option<Pin<Box<Sleep>>>,
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for Race<'_, F> {
+    type Output = Result<F::Output, AgentError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if this.cancelled.poll(cx).is_ready() {
+            return Poll::Ready(Err(AgentError::Cancelled));
+        }
+        if let Some(deadline) = this.deadline {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(AgentError::Timeout {
+                    timer: TimeoutSource::RunDeadline,
+                    after: Some(this.ctx.elapsed()),
+                }));
+            }
+        }
+        this.fut.poll(cx).map(Ok)
     }
 }
 

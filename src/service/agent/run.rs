@@ -11,7 +11,7 @@ use tower::Service;
 use super::handoff::find_agent;
 use super::inbox::Inbox;
 use super::observe::{InSpan, ModelCallObserver, RunObserver};
-use super::state::{classify, race, Run};
+use super::state::{classify, Run};
 use super::tools::Step;
 use super::Config;
 use crate::context::RunContext;
@@ -384,14 +384,15 @@ impl Run {
                 // Boxed: a hook future that is ready holds a whole answer,
                 // which a run without hooks need not make room for.
                 let fut = Box::pin(hooks.wrap_model(call, config.model.clone()));
-                race(ctx, InSpan::new(span, fut)).await
+                ctx.race(InSpan::new(span, fut)).await
             }
             None => {
                 let model = self.model.get_or_insert_with(|| config.model.clone());
                 let (messages, stream, extensions) =
                     (&self.messages, &self.stream, &self.extensions);
                 let build = move || model_call(config, ctx, messages, stream, hold, extensions);
-                race(ctx, InSpan::new(span, Dispatch::new(model, build))).await
+                ctx.race(InSpan::new(span, Dispatch::new(model, build)))
+                    .await
             }
         };
         self.counters.model_calls += 1;

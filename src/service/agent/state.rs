@@ -2,20 +2,14 @@
 //! (racing the run's cancellation and deadline, classifying errors, the
 //! transcript, snapshots and checkpoints).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use pin_project_lite::pin_project;
 use serde_json::Value;
-use tokio::time::Sleep;
-use tokio_util::sync::WaitForCancellationFuture;
 
 use super::inbox::Inbox;
 use super::Config;
 use crate::context::RunContext;
-use crate::error::{AgentError, BoxError, TimeoutSource};
+use crate::error::{AgentError, BoxError};
 use crate::hooks::{HookPort, StickyApprovals};
 use crate::request::{BoxModel, DeltaSink};
 use crate::types::{AgentRun, Checkpoint, Counters, History, Message, PendingCall, RunStatus};
@@ -127,53 +121,6 @@ impl Run {
             counters: self.counters,
             status,
         }
-    }
-}
-
-/// Races `fut` against the run's cancellation and deadline.
-pub(super) fn race<F: Future>(ctx: &RunContext, fut: F) -> Race<'_, F> {
-    Race {
-        ctx,
-        cancelled: ctx.cancelled(),
-        deadline: ctx
-            .deadline()
-            .map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
-        fut,
-    }
-}
-
-pin_project! {
-    /// [`race`]: `fut`, unless the run is cancelled or reaches its deadline
-    /// first (checked in that order). Every suspended run holds one while
-    /// it waits on its model, so it is small: the deadline's timer is on the
-    /// heap, and only when the run has a deadline.
-    pub(super) struct Race<'a, F> {
-        ctx: &'a RunContext,
-        #[pin]
-        cancelled: WaitForCancellationFuture<'a>,
-        deadline: Option<Pin<Box<Sleep>>>,
-        #[pin]
-        fut: F,
-    }
-}
-
-impl<F: Future> Future for Race<'_, F> {
-    type Output = Result<F::Output, AgentError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        if this.cancelled.poll(cx).is_ready() {
-            return Poll::Ready(Err(AgentError::Cancelled));
-        }
-        if let Some(deadline) = this.deadline {
-            if deadline.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Err(AgentError::Timeout {
-                    timer: TimeoutSource::RunDeadline,
-                    after: Some(this.ctx.elapsed()),
-                }));
-            }
-        }
-        this.fut.poll(cx).map(Ok)
     }
 }
 

@@ -8,7 +8,7 @@ use tower::ServiceExt;
 use tracing::Instrument;
 
 use super::observe::ToolCallObserver;
-use super::state::{classify, race, Run};
+use super::state::{classify, Run};
 use super::ToolFlags;
 use crate::error::{attribute_tripwire, panic_message, AgentError};
 use crate::event::AgentEvent;
@@ -266,11 +266,9 @@ impl Run {
             Some(hooks) => hooks.wrap_tool(invocation, tools),
             None => HookFuture::new(tools.oneshot(invocation)),
         };
-        let result = race(
-            ctx,
-            AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind(),
-        )
-        .await?;
+        let result = ctx
+            .race(AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind())
+            .await?;
         let mut panicked = None;
         let mut output = match result {
             Err(panic) => {
@@ -317,7 +315,7 @@ impl Run {
                 .map_err(classify)?;
         }
         if let Some(approver) = &self.config.approver {
-            let decision = race(ctx, approver(call.clone(), ctx.clone())).await?;
+            let decision = ctx.race(approver(call.clone(), ctx.clone())).await?;
             if let Some(decision) = decision {
                 return self.apply(call, &decision, "approver");
             }
