@@ -132,8 +132,11 @@ async fn main() -> Result<(), AgentError> {
             billing_agent()?,
         ));
 
-    // The model stack: any tower layers, composed with ServiceBuilder.
+    // The model stack: any tower layers, composed with ServiceBuilder. The
+    // retry sends a call that failed transiently (a 5xx, a timeout, a 429)
+    // again, unless part of its answer had already streamed.
     let model = ServiceBuilder::new()
+        .layer(LlmRetryLayer::new())
         .timeout(Duration::from_secs(30))
         .service(model_or(support_model())?);
 
