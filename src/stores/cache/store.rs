@@ -156,15 +156,43 @@ struct Entry {
 /// ```
 #[derive(Clone)]
 pub struct MemoryStore {
-    entries: Arc<quick_cache::sync::Cache<CacheKey, Entry>>,
+    entries: Arc<Entries>,
+}
+
+/// The entries, dropping what they evict where they evict it.
+type Entries = quick_cache::sync::Cache<
+    CacheKey,
+    Entry,
+    quick_cache::UnitWeighter,
+    quick_cache::DefaultHashBuilder,
+    DropEvicted,
+>;
+
+/// Drops an evicted entry at once. quick_cache's default lifecycle carries up
+/// to two evicted entries out of every insert, to drop them after the shard's
+/// lock: two whole responses, moved and checked on each miss of a full
+/// store. Dropping a response calls nothing back, so it may as well happen
+/// under the lock.
+#[derive(Clone, Copy, Debug, Default)]
+struct DropEvicted;
+
+impl quick_cache::Lifecycle<CacheKey, Entry> for DropEvicted {
+    type RequestState = ();
+
+    #[inline]
+    fn on_evict(&self, (): &mut (), _key: CacheKey, _entry: Entry) {}
 }
 
 impl MemoryStore {
     /// A store holding at most `max_entries` responses.
     pub fn new(max_entries: u64) -> Self {
         Self {
-            entries: Arc::new(quick_cache::sync::Cache::new(
+            entries: Arc::new(Entries::with(
                 usize::try_from(max_entries.max(1)).unwrap_or(usize::MAX),
+                max_entries.max(1),
+                quick_cache::UnitWeighter,
+                quick_cache::DefaultHashBuilder::default(),
+                DropEvicted,
             )),
         }
     }
