@@ -85,13 +85,16 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Called { future } => {
-                    let mut result = ready!(future.poll(cx)).map_err(Into::into);
-                    if result.is_ok() {
-                        return Poll::Ready(result);
-                    }
-                    let Some(mut request) = this.request.take() else {
-                        return Poll::Ready(result);
+                    // A success goes straight out: no policy, copy or
+                    // error conversion is touched.
+                    let err = match ready!(future.poll(cx)) {
+                        Ok(response) => return Poll::Ready(Ok(response)),
+                        Err(err) => err.into(),
                     };
+                    let Some(mut request) = this.request.take() else {
+                        return Poll::Ready(Err(err));
+                    };
+                    let mut result = Err(err);
                     let policy = this
                         .policy
                         .get_or_insert_with(|| Box::new(this.shared.policy.clone()));
