@@ -384,6 +384,8 @@ pub mod future {
     }
 
     impl<F, E> ResponseFuture<F, E> {
+        // Inlined: the inner future is built in place, not moved.
+        #[inline(always)]
         pub(super) fn direct(fut: F) -> Self {
             Self {
                 kind: Kind::Direct { fut },
@@ -398,6 +400,8 @@ pub mod future {
             }
         }
 
+        // Inlined: the inner future is built in place, not moved.
+        #[inline(always)]
         pub(super) fn miss(fut: F, key: CacheKey, shared: Arc<Shared>, ctx: RunContext) -> Self {
             Self {
                 kind: Kind::Miss {

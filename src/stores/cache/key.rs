@@ -137,7 +137,7 @@ impl Input {
         let _ = serde_json::to_writer(self, value);
     }
 
-    fn finish(self) -> [u8; 16] {
+    fn finish(&self) -> [u8; 16] {
         let hash = match &self.stream {
             Some(stream) => stream.digest128(),
             None => xxh3_128(&self.buf[..self.len]),
