@@ -24,8 +24,12 @@ impl Epoch {
     /// The nanoseconds from the epoch to `at` (zero before it; a year
     /// short of `u64::MAX` nanoseconds, 584 years, at most).
     pub(super) fn nanos(self, at: Instant) -> u64 {
-        let nanos = at.saturating_duration_since(self.0).as_nanos();
-        u64::try_from(nanos).unwrap_or(u64::MAX).min(LAST)
+        let since = at.saturating_duration_since(self.0);
+        since
+            .as_secs()
+            .checked_mul(1_000_000_000)
+            .and_then(|nanos| nanos.checked_add(u64::from(since.subsec_nanos())))
+            .map_or(LAST, |nanos| nanos.min(LAST))
     }
 
     /// The nanoseconds from the epoch to now.
@@ -56,7 +60,7 @@ const MAX_WAIT: Duration = Duration::from_secs(365 * 86_400);
 pub(super) struct Grant {
     pub(super) amount: u64,
     /// Nanoseconds since the key's epoch.
-    at: u64,
+    pub(super) at: u64,
     /// The bucket's level right after the grant.
     level_after: i128,
     /// The bucket's refund counter at the grant.
@@ -169,6 +173,10 @@ impl Bucket {
     /// `cap` minus that. So a refund never lets more through than a bucket
     /// that had been charged the smaller amount all along.
     pub(super) fn refund(&mut self, grant: &Grant, n: u64, now: u64) {
+        if self.level >= self.cap {
+            // A full bucket takes nothing back, and credits nothing.
+            return;
+        }
         let since = self.refill_amount(now.saturating_sub(grant.at));
         let headroom = self
             .cap

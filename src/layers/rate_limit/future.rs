@@ -106,6 +106,9 @@ where
         }
     }
 
+    // Inlined, so the inner future is built in place rather than moved
+    // through each constructor.
+    #[inline(always)]
     pub(super) fn called(fut: S::Future, ticket: Ticket) -> Self {
         Self {
             state: State::Called {

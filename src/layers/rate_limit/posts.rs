@@ -3,12 +3,14 @@
 //! A call that went out settles its tokens when its response arrives. Taking
 //! the key's lock for that would make two critical sections per call; so
 //! instead, a call admitted while one of the key's [`SLOTS`] is free holds
-//! that slot, and its settlement writes the outcome (and the time) into the
-//! slot's atomics. Whoever takes the key's lock next applies every posted
-//! outcome first, as of the time it was posted, so the buckets come out as
-//! if each settlement had taken the lock itself. A settlement that finds a
-//! call queued takes the lock at once (its refund may let the head go), and
-//! calls beyond the slots settle under the lock, as before.
+//! that slot, and its settlement writes the outcome into the slot's atomic,
+//! without reading the clock. Whoever takes the key's lock next applies
+//! every posted outcome first, as of the bucket's last update (nobody has
+//! looked at the bucket since): a refund is bounded as it would be at that
+//! time, which never gives back more than exact estimates would have (see
+//! [`Bucket::refund`]). A settlement that finds a call queued takes the lock
+//! at once (its refund may let the head go), and calls beyond the slots
+//! settle under the lock, as before.
 //!
 //! The poster stores its outcome, then reads whether anyone waits; a caller
 //! that queues sets that flag, then (under the lock, when it polls) reads
@@ -37,8 +39,6 @@ const OFFSET: u64 = 2;
 /// The lock-free half: one outcome per slot, and whether anyone waits.
 pub(super) struct Posts {
     outcome: [AtomicU64; SLOTS],
-    /// When the outcome was posted, in nanoseconds since the key's epoch.
-    at: [AtomicU64; SLOTS],
     waiting: AtomicBool,
 }
 
@@ -46,19 +46,17 @@ impl Posts {
     pub(super) fn new() -> Self {
         Self {
             outcome: std::array::from_fn(|_| AtomicU64::new(PENDING)),
-            at: std::array::from_fn(|_| AtomicU64::new(0)),
             waiting: AtomicBool::new(false),
         }
     }
 
     /// Posts the outcome of the call holding `slot`: `None` keeps its
-    /// reservation, `Some(actual)` settles it for `actual` tokens as of
-    /// `at`. Says whether a call is queued: then the poster must take the
-    /// lock and apply what it posted.
-    pub(super) fn post(&self, slot: u8, actual: Option<u64>, at: u64) -> bool {
+    /// reservation, `Some(actual)` settles it for `actual` tokens. Says
+    /// whether a call is queued: then the poster must take the lock and
+    /// apply what it posted.
+    pub(super) fn post(&self, slot: u8, actual: Option<u64>) -> bool {
         let slot = usize::from(slot);
         let outcome = actual.map_or(KEPT, |actual| actual.saturating_add(OFFSET));
-        self.at[slot].store(at, Ordering::Relaxed);
         self.outcome[slot].store(outcome, Ordering::SeqCst);
         self.waiting.load(Ordering::SeqCst)
     }
@@ -100,8 +98,9 @@ impl InFlight {
         self.grants[usize::from(slot)] = None;
     }
 
-    /// Applies every posted outcome to `bucket` and frees its slot. Says
-    /// whether anything was refunded.
+    /// Applies every posted outcome to `bucket`, as of its last update (see
+    /// the [module docs](self)), and frees its slot. Says whether anything
+    /// was refunded.
     pub(super) fn apply(&mut self, posts: &Posts, mut bucket: Option<&mut Bucket>) -> bool {
         let mut refunded = false;
         let mut used = self.used;
@@ -112,13 +111,14 @@ impl InFlight {
             if outcome == PENDING {
                 continue;
             }
-            let at = posts.at[slot].load(Ordering::Relaxed);
             posts.outcome[slot].store(PENDING, Ordering::Relaxed);
             self.used &= !(1 << slot);
             let grant = self.grants[slot].take();
             if let (Some(bucket), Some(grant)) = (bucket.as_deref_mut(), grant) {
                 if outcome != KEPT {
-                    refunded |= settle(bucket, &grant, outcome - OFFSET, at);
+                    // The grant's time is never after the bucket's last
+                    // update: the settlement is as of that update.
+                    refunded |= settle(bucket, &grant, outcome - OFFSET, grant.at);
                 }
             }
         }
@@ -157,7 +157,7 @@ mod tests {
     }
 
     #[test]
-    fn a_posted_settlement_is_applied_as_of_its_time() {
+    fn a_posted_settlement_is_applied_as_of_the_last_update() {
         // A call reserves 800 at 0 and uses 100; another takes 150.
         let posts = Posts::new();
         let mut inflight = InFlight::default();
@@ -165,10 +165,12 @@ mod tests {
         let grant = posted.take(800);
         let _other = posted.take(150);
         let slot = inflight.hold(grant).expect("a free slot");
-        assert!(!posts.post(slot, Some(100), 100_000_000), "nobody waits");
+        // Posted at 0.1 s (no clock is read: the time does not travel).
+        assert!(!posts.post(slot, Some(100)), "nobody waits");
 
-        // Applied at 0.5 s: the level settling under the lock at 0.1 s,
-        // then refilling, gives: 50 + 10 + 700 + 40.
+        // Applied at 0.5 s, as of the bucket's last update (0): the same
+        // level as settling under the lock at 0.1 s, then refilling:
+        // 50 + 10 + 700 + 40.
         let mut locked = bucket();
         let grant = locked.take(800);
         let _other = locked.take(150);
@@ -192,14 +194,14 @@ mod tests {
             .collect();
         assert!(inflight.hold(b.take(1)).is_none(), "all {SLOTS} are held");
         // A kept reservation frees its slot and gives nothing back.
-        assert!(!posts.post(slots[0], None, 0));
+        assert!(!posts.post(slots[0], None));
         assert!(!inflight.apply(&posts, Some(&mut b)));
         assert_eq!(inflight.hold(b.take(1)), Some(slots[0]));
         inflight.free(slots[1]);
         assert_eq!(inflight.hold(b.take(1)), Some(slots[1]));
         posts.set_waiting(true);
         assert!(
-            posts.post(slots[2], Some(0), 0),
+            posts.post(slots[2], Some(0)),
             "a queued call is reported"
         );
     }

@@ -37,6 +37,7 @@ impl KeyShared {
     ///
     /// When the call would wait longer than `max_wait`: the key and how
     /// long the call would wait. Nothing is taken or queued then.
+    #[inline]
     pub(super) fn arrive(
         self: Arc<Self>,
         requests: u64,
@@ -142,6 +143,7 @@ pub(super) struct Ticket {
 }
 
 impl Ticket {
+    #[inline]
     pub(super) fn new(shared: Arc<KeyShared>, (requests, tokens, slot): Taken) -> Self {
         Self {
             shared: Some(shared),
@@ -177,6 +179,7 @@ impl Ticket {
 
     /// The call went out: from now on the reservation is kept, and only
     /// the tokens are settled, with the response's usage.
+    #[inline]
     pub(super) fn send(mut self) -> Settlement {
         Settlement {
             shared: self.shared.take().expect("a ticket is sent once"),
