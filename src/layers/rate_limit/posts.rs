@@ -200,9 +200,6 @@ mod tests {
         inflight.free(slots[1]);
         assert_eq!(inflight.hold(b.take(1)), Some(slots[1]));
         posts.set_waiting(true);
-        assert!(
-            posts.post(slots[2], Some(0)),
-            "a queued call is reported"
-        );
+        assert!(posts.post(slots[2], Some(0)), "a queued call is reported");
     }
 }
