@@ -243,18 +243,19 @@ where
                     settlement,
                     remote,
                 } => {
-                    let output = fut.poll(cx);
-                    // A failed call keeps its reservation.
-                    if let Poll::Ready(Ok(response)) = &output {
-                        let actual = response.usage.total_tokens();
-                        if let Some(settlement) = settlement {
-                            settlement.settle(actual);
-                        }
-                        if let Some(remote) = remote.take() {
-                            remote.settle(actual);
-                        }
+                    let response = match ready!(fut.poll(cx)) {
+                        Ok(response) => response,
+                        // A failed call keeps its reservation.
+                        Err(err) => return Poll::Ready(Err(err.into())),
+                    };
+                    let actual = response.usage.total_tokens();
+                    if let Some(settlement) = settlement {
+                        settlement.settle(actual);
                     }
-                    return output.map_err(Into::into);
+                    if let Some(remote) = remote.take() {
+                        remote.settle(actual);
+                    }
+                    return Poll::Ready(Ok(response));
                 }
             };
             state.set(fut);

@@ -165,7 +165,7 @@ mod tests {
         let grant = posted.take(800);
         let _other = posted.take(150);
         let slot = inflight.hold(grant).expect("a free slot");
-        // Posted at 0.1 s (no clock is read: the time does not travel).
+        // Posted at 0.1 s; a post carries no time.
         assert!(!posts.post(slot, Some(100)), "nobody waits");
 
         // Applied at 0.5 s, as of the bucket's last update (0): the same
