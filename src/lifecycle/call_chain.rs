@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
 use futures::future::Either;
@@ -19,7 +19,7 @@ use crate::error::{kind_of, AgentError, BoxError, ErrorKind};
 use crate::request::{
     BoxModel, BoxTool, Deliver, DeltaSink, ModelCall, ToolInvocation, ToolOutput,
 };
-use crate::types::{ModelDelta, ModelResponse};
+use crate::types::{ModelDelta, ModelResponse, ToolCall};
 
 /// The first error a delta hook raised, which aborts the call.
 #[derive(Default)]
@@ -143,6 +143,42 @@ where
     (DeltaSink::shared(guard.clone(), provisional), guard)
 }
 
+/// The call a tool's delta hooks see, as it was when the call set out: kept
+/// in one allocation, and made a [`ToolCall`] at the first delta (most
+/// tools stream none).
+struct CallCopy {
+    /// The id, the name and the arguments, one after the other.
+    packed: Box<str>,
+    /// Where the id ends and the name starts.
+    id_end: usize,
+    /// Where the name ends and the arguments start.
+    name_end: usize,
+    call: OnceLock<ToolCall>,
+}
+
+impl CallCopy {
+    fn new(call: &ToolCall) -> Self {
+        let mut packed = String::with_capacity(call.id.len() + call.name.len() + call.arguments.len());
+        packed.push_str(&call.id);
+        packed.push_str(&call.name);
+        packed.push_str(&call.arguments);
+        Self {
+            packed: packed.into_boxed_str(),
+            id_end: call.id.len(),
+            name_end: call.id.len() + call.name.len(),
+            call: OnceLock::new(),
+        }
+    }
+
+    fn get(&self) -> &ToolCall {
+        self.call.get_or_init(|| ToolCall {
+            id: self.packed[..self.id_end].to_owned(),
+            name: self.packed[self.id_end..self.name_end].to_owned(),
+            arguments: self.packed[self.name_end..].to_owned(),
+        })
+    }
+}
+
 /// One model call through `stack`'s part of the onion. Delta hooks see the
 /// stream only in a run that streams. The set-up happens here, at once; the
 /// future only waits.
@@ -152,19 +188,17 @@ pub(crate) fn model_call(
     base: BoxModel,
     home: Option<usize>,
 ) -> impl Future<Output = Result<ModelResponse, BoxError>> + Send + 'static {
-    let failure = match call.stream.take() {
-        Some(sink) if stack.has(HookPoint::OnModelDelta) => {
-            let (hooks, ctx) = (stack.clone(), call.context.clone());
-            let (sink, guard) = guard_sink(Some(sink), move |delta: &mut ModelDelta| {
-                hooks.on_model_delta(&ctx, delta)
-            });
-            call.stream = Some(sink);
-            Some(guard)
-        }
-        sink => {
-            call.stream = sink;
-            None
-        }
+    // Read first: writing to the call would copy its parts if shared.
+    let failure = if call.stream.is_some() && stack.has(HookPoint::OnModelDelta) {
+        let (hooks, ctx) = (stack.clone(), call.context.clone());
+        let parts = &mut *call;
+        let (sink, guard) = guard_sink(parts.stream.take(), move |delta: &mut ModelDelta| {
+            hooks.on_model_delta(&ctx, delta)
+        });
+        parts.stream = Some(sink);
+        Some(guard)
+    } else {
+        None
     };
     let fut = if stack.has(HookPoint::WrapModel) {
         Either::Left(Next::chain(stack.entries.clone(), base, home).run(call))
@@ -190,10 +224,10 @@ pub(crate) fn tool_call(
         let (hooks, ctx, call) = (
             stack.clone(),
             invocation.context.clone(),
-            invocation.call.clone(),
+            CallCopy::new(&invocation.call),
         );
         let (sink, guard) = guard_sink(invocation.stream.take(), move |delta: &mut ModelDelta| {
-            hooks.on_tool_delta(&ctx, &call, delta)
+            hooks.on_tool_delta(&ctx, call.get(), delta)
         });
         invocation.stream = Some(sink);
         Some(guard)

@@ -6,6 +6,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use tower::ServiceExt;
 
 use super::call_chain::{model_call, tool_call, StackModel, StackTool};
@@ -250,12 +251,16 @@ impl HookPort for InstalledHooks {
         }
     }
 
-    fn wrap_model(&self, call: ModelCall, next: BoxModel) -> HookFuture<'_, ModelResponse> {
+    fn wrap_model(
+        &self,
+        call: ModelCall,
+        next: BoxModel,
+    ) -> BoxFuture<'_, Result<ModelResponse, BoxError>> {
         let own = self.stack.wraps_model(call.stream.is_some());
         let home = Some(self.depth);
         match &self.outer {
-            None if !own => HookFuture::new(next.oneshot(call)),
-            None => HookFuture::new(model_call(self.stack.clone(), call, next, home)),
+            None if !own => Box::pin(next.oneshot(call)),
+            None => Box::pin(model_call(self.stack.clone(), call, next, home)),
             Some(outer) if !own => outer.wrap_model(call, next),
             Some(outer) => {
                 let own = box_model(StackModel {

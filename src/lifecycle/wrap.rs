@@ -186,7 +186,136 @@ pub type ModelNext = Next<ModelCall>;
 pub type ToolNext = Next<ToolInvocation>;
 
 pub(crate) mod sealed {
+    use std::io;
+
     use super::*;
+
+    /// How many bytes of a tool call's arguments a snapshot keeps without
+    /// allocating.
+    const INLINE: usize = 96;
+
+    /// What a tool middleware was handed, to compare with what it hands on:
+    /// the argument text, then the JSON the parsed arguments write, in one
+    /// buffer that stays inline for short arguments. Two values that write
+    /// the same JSON are equal; a change the JSON shows (a key order kept
+    /// by `preserve_order`, `-0.0` for `0.0`) counts as a change.
+    #[allow(unreachable_pub)]
+    #[derive(Clone, Debug)]
+    pub struct ToolSnapshot {
+        bytes: Bytes,
+        text_len: usize,
+    }
+
+    #[derive(Clone, Debug)]
+    enum Bytes {
+        Inline { buf: [u8; INLINE], len: usize },
+        Heap(Box<[u8]>),
+    }
+
+    impl ToolSnapshot {
+        pub(super) fn of(text: &str, args: &Value) -> Self {
+            let mut bytes = Builder {
+                buf: [0; INLINE],
+                len: 0,
+                heap: None,
+            };
+            bytes.extend(text.as_bytes());
+            // Writing to memory cannot fail, nor can a `Value`.
+            let _ = serde_json::to_writer(&mut bytes, args);
+            Self {
+                bytes: bytes.finish(),
+                text_len: text.len(),
+            }
+        }
+
+        fn bytes(&self) -> &[u8] {
+            match &self.bytes {
+                Bytes::Inline { buf, len } => &buf[..*len],
+                Bytes::Heap(bytes) => bytes,
+            }
+        }
+
+        /// The argument text.
+        pub(super) fn text(&self) -> &[u8] {
+            &self.bytes()[..self.text_len]
+        }
+
+        /// Whether `args` writes the JSON the parsed arguments wrote.
+        pub(super) fn same_args(&self, args: &Value) -> bool {
+            let mut rest = Same {
+                rest: &self.bytes()[self.text_len..],
+            };
+            serde_json::to_writer(&mut rest, args).is_ok() && rest.rest.is_empty()
+        }
+    }
+
+    /// Collects a snapshot's bytes: inline while they fit.
+    struct Builder {
+        buf: [u8; INLINE],
+        len: usize,
+        heap: Option<Vec<u8>>,
+    }
+
+    impl Builder {
+        fn extend(&mut self, bytes: &[u8]) {
+            match &mut self.heap {
+                Some(heap) => heap.extend_from_slice(bytes),
+                None if self.len + bytes.len() <= INLINE => {
+                    self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+                    self.len += bytes.len();
+                }
+                None => {
+                    let mut heap = Vec::with_capacity(2 * (self.len + bytes.len()));
+                    heap.extend_from_slice(&self.buf[..self.len]);
+                    heap.extend_from_slice(bytes);
+                    self.heap = Some(heap);
+                }
+            }
+        }
+
+        fn finish(self) -> Bytes {
+            match self.heap {
+                Some(heap) => Bytes::Heap(heap.into_boxed_slice()),
+                None => Bytes::Inline {
+                    buf: self.buf,
+                    len: self.len,
+                },
+            }
+        }
+    }
+
+    impl io::Write for Builder {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.extend(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Compares what is written with `rest`, and stops at the first byte
+    /// that differs.
+    struct Same<'a> {
+        rest: &'a [u8],
+    }
+
+    impl io::Write for Same<'_> {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            match self.rest.strip_prefix(bytes) {
+                Some(rest) => {
+                    self.rest = rest;
+                    Ok(bytes.len())
+                }
+                None => Err(io::ErrorKind::InvalidData.into()),
+            }
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
 
     /// What the wrap chain needs of a request, out of the public surface.
     #[allow(unreachable_pub)]
@@ -297,7 +426,7 @@ impl WrapRequest for ToolInvocation {
 }
 
 impl sealed::Plumbing for ToolInvocation {
-    type Snapshot = (String, Value);
+    type Snapshot = sealed::ToolSnapshot;
     type Name = String;
     const KIND: &'static str = "tool";
     const RECOVERS: bool = true;
@@ -310,15 +439,15 @@ impl sealed::Plumbing for ToolInvocation {
         mw.wrap_tool(req, next)
     }
 
-    fn snapshot(&self) -> (String, Value) {
-        (self.call.arguments.clone(), self.args.clone())
+    fn snapshot(&self) -> sealed::ToolSnapshot {
+        sealed::ToolSnapshot::of(&self.call.arguments, &self.args)
     }
 
     /// Keeps the argument text and the parsed arguments in step, whichever
     /// the middleware changed, and withdraws the approval when they changed.
-    fn reconcile(&mut self, _by: &Arc<str>, (text, args): &(String, Value)) -> bool {
-        let text_changed = self.call.arguments != *text;
-        let args_changed = self.args != *args;
+    fn reconcile(&mut self, _by: &Arc<str>, received: &sealed::ToolSnapshot) -> bool {
+        let text_changed = self.call.arguments.as_bytes() != received.text();
+        let args_changed = !received.same_args(&self.args);
         if !text_changed && !args_changed {
             return true;
         }
@@ -327,7 +456,8 @@ impl sealed::Plumbing for ToolInvocation {
         } else if args_changed && !text_changed {
             self.call.arguments = self.args.to_string();
         }
-        let changed = self.args != *args || (self.args.is_null() && self.call.arguments != *text);
+        let changed = !received.same_args(&self.args)
+            || (self.args.is_null() && self.call.arguments.as_bytes() != received.text());
         if changed {
             self.approved = false;
         }
