@@ -12,6 +12,7 @@ use futures::task::AtomicWaker;
 use futures::FutureExt;
 use tower::Service;
 
+use super::inline_bytes::{Builder, InlineBytes};
 use super::next::call_innermost;
 use super::stack::CompiledStack;
 use super::{HookPoint, Next, ResponseFuture};
@@ -143,12 +144,12 @@ where
     (DeltaSink::shared(guard.clone(), provisional), guard)
 }
 
-/// The call a tool's delta hooks see, as it was when the call set out: kept
-/// in one allocation, and made a [`ToolCall`] at the first delta (most
+/// The call a tool's delta hooks see, as it was when the call set out: one
+/// copy, inline when short, made a [`ToolCall`] at the first delta (most
 /// tools stream none).
 struct CallCopy {
     /// The id, the name and the arguments, one after the other.
-    packed: Box<str>,
+    packed: InlineBytes,
     /// Where the id ends and the name starts.
     id_end: usize,
     /// Where the name ends and the arguments start.
@@ -158,23 +159,30 @@ struct CallCopy {
 
 impl CallCopy {
     fn new(call: &ToolCall) -> Self {
-        let mut packed = String::with_capacity(call.id.len() + call.name.len() + call.arguments.len());
-        packed.push_str(&call.id);
-        packed.push_str(&call.name);
-        packed.push_str(&call.arguments);
+        let mut packed = Builder::new();
+        packed.extend(call.id.as_bytes());
+        let id_end = packed.len();
+        packed.extend(call.name.as_bytes());
+        let name_end = packed.len();
+        packed.extend(call.arguments.as_bytes());
         Self {
-            packed: packed.into_boxed_str(),
-            id_end: call.id.len(),
-            name_end: call.id.len() + call.name.len(),
+            packed: packed.finish(),
+            id_end,
+            name_end,
             call: OnceLock::new(),
         }
     }
 
     fn get(&self) -> &ToolCall {
-        self.call.get_or_init(|| ToolCall {
-            id: self.packed[..self.id_end].to_owned(),
-            name: self.packed[self.id_end..self.name_end].to_owned(),
-            arguments: self.packed[self.name_end..].to_owned(),
+        self.call.get_or_init(|| {
+            // Cut where whole strings were joined: each part is UTF-8.
+            let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+            let packed = self.packed.as_bytes();
+            ToolCall {
+                id: text(&packed[..self.id_end]),
+                name: text(&packed[self.id_end..self.name_end]),
+                arguments: text(&packed[self.name_end..]),
+            }
         })
     }
 }

@@ -180,6 +180,7 @@ mod closures;
 pub(crate) mod edit_watch;
 mod from_fn;
 mod hook_point;
+mod inline_bytes;
 mod installed;
 mod layer;
 mod logging;

@@ -460,14 +460,16 @@ impl<Req: WrapRequest> Future for CallInnermost<Req> {
         }
         let call = this.call.as_mut().expect("called above");
         let base = || format!("{}:{}", Req::KIND, this.name);
-        let result = match catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
+        // An answer goes out as it came, moved once.
+        let err = match catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
             Ok(Poll::Pending) => return Poll::Pending,
-            Ok(Poll::Ready(result)) => result.map_err(|e| name_tripwire(e, &base(), "call")),
-            Err(panic) => Err(format!("`{}` panicked: {}", base(), panic_message(&*panic)).into()),
+            Ok(Poll::Ready(Ok(response))) => return Poll::Ready(Ok(response)),
+            Ok(Poll::Ready(Err(err))) => name_tripwire(err, &base(), "call"),
+            Err(panic) => format!("`{}` panicked: {}", base(), panic_message(&*panic)).into(),
         };
-        Poll::Ready(match (result, this.ctx.take()) {
-            (Err(err), Some(ctx)) => Req::recover(&ctx, &this.name, err),
-            (result, _) => result,
+        Poll::Ready(match this.ctx.take() {
+            Some(ctx) => Req::recover(&ctx, &this.name, err),
+            None => Err(err),
         })
     }
 }

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::attribute::{attribute, name_tripwire};
 use super::edit_watch::watcher;
+use super::inline_bytes::InlineStr;
 use super::{HookPoint, Middleware, Next};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
@@ -186,39 +187,24 @@ pub type ModelNext = Next<ModelCall>;
 pub type ToolNext = Next<ToolInvocation>;
 
 pub(crate) mod sealed {
-    use std::io;
-
     use super::*;
-
-    /// How many bytes of a tool call's arguments a snapshot keeps without
-    /// allocating.
-    const INLINE: usize = 96;
+    use crate::lifecycle::inline_bytes::{Builder, InlineBytes, Same};
 
     /// What a tool middleware was handed, to compare with what it hands on:
     /// the argument text, then the JSON the parsed arguments write, in one
-    /// buffer that stays inline for short arguments. Two values that write
-    /// the same JSON are equal; a change the JSON shows (a key order kept
+    /// copy that stays inline for short arguments. Two values that write the
+    /// same JSON are equal; a change only the JSON shows (a key order kept
     /// by `preserve_order`, `-0.0` for `0.0`) counts as a change.
     #[allow(unreachable_pub)]
     #[derive(Clone, Debug)]
     pub struct ToolSnapshot {
-        bytes: Bytes,
+        bytes: InlineBytes,
         text_len: usize,
-    }
-
-    #[derive(Clone, Debug)]
-    enum Bytes {
-        Inline { buf: [u8; INLINE], len: usize },
-        Heap(Box<[u8]>),
     }
 
     impl ToolSnapshot {
         pub(super) fn of(text: &str, args: &Value) -> Self {
-            let mut bytes = Builder {
-                buf: [0; INLINE],
-                len: 0,
-                heap: None,
-            };
+            let mut bytes = Builder::new();
             bytes.extend(text.as_bytes());
             // Writing to memory cannot fail, nor can a `Value`.
             let _ = serde_json::to_writer(&mut bytes, args);
@@ -228,92 +214,17 @@ pub(crate) mod sealed {
             }
         }
 
-        fn bytes(&self) -> &[u8] {
-            match &self.bytes {
-                Bytes::Inline { buf, len } => &buf[..*len],
-                Bytes::Heap(bytes) => bytes,
-            }
-        }
-
         /// The argument text.
         pub(super) fn text(&self) -> &[u8] {
-            &self.bytes()[..self.text_len]
+            &self.bytes.as_bytes()[..self.text_len]
         }
 
         /// Whether `args` writes the JSON the parsed arguments wrote.
         pub(super) fn same_args(&self, args: &Value) -> bool {
-            let mut rest = Same {
-                rest: &self.bytes()[self.text_len..],
+            let mut same = Same {
+                rest: &self.bytes.as_bytes()[self.text_len..],
             };
-            serde_json::to_writer(&mut rest, args).is_ok() && rest.rest.is_empty()
-        }
-    }
-
-    /// Collects a snapshot's bytes: inline while they fit.
-    struct Builder {
-        buf: [u8; INLINE],
-        len: usize,
-        heap: Option<Vec<u8>>,
-    }
-
-    impl Builder {
-        fn extend(&mut self, bytes: &[u8]) {
-            match &mut self.heap {
-                Some(heap) => heap.extend_from_slice(bytes),
-                None if self.len + bytes.len() <= INLINE => {
-                    self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-                    self.len += bytes.len();
-                }
-                None => {
-                    let mut heap = Vec::with_capacity(2 * (self.len + bytes.len()));
-                    heap.extend_from_slice(&self.buf[..self.len]);
-                    heap.extend_from_slice(bytes);
-                    self.heap = Some(heap);
-                }
-            }
-        }
-
-        fn finish(self) -> Bytes {
-            match self.heap {
-                Some(heap) => Bytes::Heap(heap.into_boxed_slice()),
-                None => Bytes::Inline {
-                    buf: self.buf,
-                    len: self.len,
-                },
-            }
-        }
-    }
-
-    impl io::Write for Builder {
-        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-            self.extend(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    /// Compares what is written with `rest`, and stops at the first byte
-    /// that differs.
-    struct Same<'a> {
-        rest: &'a [u8],
-    }
-
-    impl io::Write for Same<'_> {
-        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-            match self.rest.strip_prefix(bytes) {
-                Some(rest) => {
-                    self.rest = rest;
-                    Ok(bytes.len())
-                }
-                None => Err(io::ErrorKind::InvalidData.into()),
-            }
-        }
-
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
+            serde_json::to_writer(&mut same, args).is_ok() && same.rest.is_empty()
         }
     }
 
@@ -427,7 +338,7 @@ impl WrapRequest for ToolInvocation {
 
 impl sealed::Plumbing for ToolInvocation {
     type Snapshot = sealed::ToolSnapshot;
-    type Name = String;
+    type Name = InlineStr;
     const KIND: &'static str = "tool";
     const RECOVERS: bool = true;
 
@@ -464,12 +375,12 @@ impl sealed::Plumbing for ToolInvocation {
         false
     }
 
-    fn callee(&self) -> String {
-        self.call.name.clone()
+    fn callee(&self) -> InlineStr {
+        InlineStr::copy(&self.call.name)
     }
 
-    fn recover(ctx: &RunContext, name: &String, err: BoxError) -> Result<ToolOutput, BoxError> {
-        tool_failure(ctx, name, AgentError::classify(err)).map_err(Into::into)
+    fn recover(ctx: &RunContext, name: &InlineStr, err: BoxError) -> Result<ToolOutput, BoxError> {
+        tool_failure(ctx, name.as_str(), AgentError::classify(err)).map_err(Into::into)
     }
 
     fn link_error(err: BoxError, name: &str) -> BoxError {
