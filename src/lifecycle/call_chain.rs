@@ -192,10 +192,36 @@ impl CallCopy {
 /// future only waits.
 pub(crate) fn model_call(
     stack: Arc<CompiledStack>,
-    mut call: ModelCall,
+    call: ModelCall,
     base: BoxModel,
     home: Option<usize>,
 ) -> impl Future<Output = Result<ModelResponse, BoxError>> + Send + 'static {
+    model_call_via(&stack, call, base, home, |next, call| next.run(call))
+}
+
+/// [`model_call`] for a caller that holds `stack` while the call runs: the
+/// walk down its wrap chain needs no future of its own.
+pub(crate) fn model_call_in(
+    stack: &Arc<CompiledStack>,
+    call: ModelCall,
+    base: BoxModel,
+    home: Option<usize>,
+) -> impl Future<Output = Result<ModelResponse, BoxError>> + Send + '_ {
+    model_call_via(stack, call, base, home, move |next, call| {
+        next.run_in(&stack.entries, call)
+    })
+}
+
+fn model_call_via<F>(
+    stack: &Arc<CompiledStack>,
+    mut call: ModelCall,
+    base: BoxModel,
+    home: Option<usize>,
+    run: impl FnOnce(Next<ModelCall>, ModelCall) -> F,
+) -> impl Future<Output = Result<ModelResponse, BoxError>> + Send
+where
+    F: Future<Output = Result<ModelResponse, BoxError>> + Send,
+{
     // Read first: writing to the call would copy its parts if shared.
     let failure = if call.stream.is_some() && stack.has(HookPoint::OnModelDelta) {
         let (hooks, ctx) = (stack.clone(), call.context.clone());
@@ -209,7 +235,7 @@ pub(crate) fn model_call(
         None
     };
     let fut = if stack.has(HookPoint::WrapModel) {
-        Either::Left(Next::chain(stack.entries.clone(), base, home).run(call))
+        Either::Left(run(Next::chain(stack.entries.clone(), base, home), call))
     } else {
         // No wrap hook may run: straight to the service below.
         Either::Right(call_innermost(base, call, true))
@@ -224,10 +250,37 @@ pub(crate) fn model_call(
 /// tool gets a sink for its progress even when nobody else listens.
 pub(crate) fn tool_call(
     stack: Arc<CompiledStack>,
-    mut invocation: ToolInvocation,
+    invocation: ToolInvocation,
     base: BoxTool,
     home: Option<usize>,
 ) -> impl Future<Output = Result<ToolOutput, BoxError>> + Send + 'static {
+    tool_call_via(&stack, invocation, base, home, |next, invocation| {
+        next.run(invocation)
+    })
+}
+
+/// [`tool_call`] for a caller that holds `stack` while the call runs.
+pub(crate) fn tool_call_in(
+    stack: &Arc<CompiledStack>,
+    invocation: ToolInvocation,
+    base: BoxTool,
+    home: Option<usize>,
+) -> impl Future<Output = Result<ToolOutput, BoxError>> + Send + '_ {
+    tool_call_via(stack, invocation, base, home, move |next, invocation| {
+        next.run_in(&stack.entries, invocation)
+    })
+}
+
+fn tool_call_via<F>(
+    stack: &Arc<CompiledStack>,
+    mut invocation: ToolInvocation,
+    base: BoxTool,
+    home: Option<usize>,
+    run: impl FnOnce(Next<ToolInvocation>, ToolInvocation) -> F,
+) -> impl Future<Output = Result<ToolOutput, BoxError>> + Send
+where
+    F: Future<Output = Result<ToolOutput, BoxError>> + Send,
+{
     let failure = if stack.has(HookPoint::OnToolDelta) {
         let (hooks, ctx, call) = (
             stack.clone(),
@@ -244,7 +297,7 @@ pub(crate) fn tool_call(
     };
     let ctx = invocation.context.clone();
     let fut = if stack.has(HookPoint::WrapTool) {
-        Either::Left(Next::chain(stack.entries.clone(), base, home).run(invocation))
+        Either::Left(run(Next::chain(stack.entries.clone(), base, home), invocation))
     } else {
         Either::Right(call_innermost(base, invocation, true))
     };

@@ -94,20 +94,32 @@ impl Builder {
         }
     }
 
+    #[inline]
     pub(crate) fn extend(&mut self, bytes: &[u8]) {
-        match &mut self.heap {
-            Some(heap) => heap.extend_from_slice(bytes),
-            None if self.len + bytes.len() <= INLINE => {
-                self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-                self.len += bytes.len();
-            }
-            None => {
-                let mut heap = Vec::with_capacity(2 * (self.len + bytes.len()));
-                heap.extend_from_slice(&self.buf[..self.len]);
-                heap.extend_from_slice(bytes);
-                self.heap = Some(heap);
-            }
+        let end = self.len + bytes.len();
+        if self.heap.is_some() || end > INLINE {
+            return self.spill(bytes);
         }
+        let room = &mut self.buf[self.len..end];
+        if bytes.len() <= 4 {
+            // What JSON writes most: a quote, a colon, a brace.
+            for (to, from) in room.iter_mut().zip(bytes) {
+                *to = *from;
+            }
+        } else {
+            room.copy_from_slice(bytes);
+        }
+        self.len = end;
+    }
+
+    #[cold]
+    fn spill(&mut self, bytes: &[u8]) {
+        let heap = self.heap.get_or_insert_with(|| {
+            let mut heap = Vec::with_capacity(2 * (INLINE + bytes.len()));
+            heap.extend_from_slice(&self.buf[..self.len]);
+            heap
+        });
+        heap.extend_from_slice(bytes);
     }
 
     pub(crate) fn finish(self) -> InlineBytes {

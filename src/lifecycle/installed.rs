@@ -9,7 +9,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use tower::ServiceExt;
 
-use super::call_chain::{model_call, tool_call, StackModel, StackTool};
+use super::call_chain::{model_call_in, tool_call_in, StackModel, StackTool};
 use super::edit_watch::watcher;
 use super::placement::AgentLevels;
 use super::stack::CompiledStack;
@@ -260,7 +260,7 @@ impl HookPort for InstalledHooks {
         let home = Some(self.depth);
         match &self.outer {
             None if !own => Box::pin(next.oneshot(call)),
-            None => Box::pin(model_call(self.stack.clone(), call, next, home)),
+            None => Box::pin(model_call_in(&self.stack, call, next, home)),
             Some(outer) if !own => outer.wrap_model(call, next),
             Some(outer) => {
                 let own = box_model(StackModel {
@@ -366,7 +366,7 @@ impl HookPort for InstalledHooks {
         let home = Some(self.depth);
         match &self.outer {
             None if !own => HookFuture::new(next.oneshot(invocation)),
-            None => HookFuture::new(tool_call(self.stack.clone(), invocation, next, home)),
+            None => HookFuture::new(tool_call_in(&self.stack, invocation, next, home)),
             Some(outer) if !own => outer.wrap_tool(invocation, next),
             Some(outer) => {
                 let own = box_tool(StackTool {

@@ -175,6 +175,7 @@
 mod attribute;
 pub mod builtin;
 mod call_chain;
+mod chain_run;
 mod call_hook;
 mod closures;
 pub(crate) mod edit_watch;

@@ -233,7 +233,7 @@ enum Walked<Req: WrapRequest> {
 }
 
 /// One step of the walk: what [`step`] found.
-enum Step<'e, Req: WrapRequest> {
+pub(super) enum Step<'e, Req: WrapRequest> {
     Innermost(BoxService<Req>, Req, bool),
     /// A middleware answers with a future of its own.
     Hooked {
@@ -279,7 +279,7 @@ async fn walk<Req: WrapRequest>(next: Next<Req>, req: Req) -> Walked<Req> {
 
 /// The synchronous part of a walk: each wrap hook that hands the request on
 /// is called here, with no future and nothing shared cloned for it.
-fn step<'e, Req: WrapRequest>(
+pub(super) fn step<'e, Req: WrapRequest>(
     chain: Option<&'e Arc<[Entry]>>,
     mut next: Next<Req>,
     mut req: Req,
@@ -374,7 +374,7 @@ fn step<'e, Req: WrapRequest>(
 }
 
 /// Notes a middleware failure of a wrap hook for the runs it fails.
-fn own_failure(ctx: &RunContext, home: Option<usize>, err: BoxError) -> BoxError {
+pub(super) fn own_failure(ctx: &RunContext, home: Option<usize>, err: BoxError) -> BoxError {
     if let Some(home) = home {
         if kind_of(err.as_ref()) == ErrorKind::Middleware {
             ctx.note_hook_failure(ctx.depth().saturating_sub(home));
