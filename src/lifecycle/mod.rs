@@ -191,6 +191,7 @@ mod placement;
 mod runtime;
 mod stack;
 mod stack_hooks;
+mod tool_snapshot;
 mod verdict;
 mod wrap;
 mod wrap_layer;

@@ -187,46 +187,9 @@ pub type ModelNext = Next<ModelCall>;
 pub type ToolNext = Next<ToolInvocation>;
 
 pub(crate) mod sealed {
+    pub(crate) use crate::lifecycle::tool_snapshot::ToolSnapshot;
+
     use super::*;
-    use crate::lifecycle::inline_bytes::{Builder, InlineBytes, Same};
-
-    /// What a tool middleware was handed, to compare with what it hands on:
-    /// the argument text, then the JSON the parsed arguments write, in one
-    /// copy that stays inline for short arguments. Two values that write the
-    /// same JSON are equal; a change only the JSON shows (a key order kept
-    /// by `preserve_order`, `-0.0` for `0.0`) counts as a change.
-    #[allow(unreachable_pub)]
-    #[derive(Clone, Debug)]
-    pub struct ToolSnapshot {
-        bytes: InlineBytes,
-        text_len: usize,
-    }
-
-    impl ToolSnapshot {
-        pub(super) fn of(text: &str, args: &Value) -> Self {
-            let mut bytes = Builder::new();
-            bytes.extend(text.as_bytes());
-            // Writing to memory cannot fail, nor can a `Value`.
-            let _ = serde_json::to_writer(&mut bytes, args);
-            Self {
-                bytes: bytes.finish(),
-                text_len: text.len(),
-            }
-        }
-
-        /// The argument text.
-        pub(super) fn text(&self) -> &[u8] {
-            &self.bytes.as_bytes()[..self.text_len]
-        }
-
-        /// Whether `args` writes the JSON the parsed arguments wrote.
-        pub(super) fn same_args(&self, args: &Value) -> bool {
-            let mut same = Same {
-                rest: &self.bytes.as_bytes()[self.text_len..],
-            };
-            serde_json::to_writer(&mut same, args).is_ok() && same.rest.is_empty()
-        }
-    }
 
     /// What the wrap chain needs of a request, out of the public surface.
     #[allow(unreachable_pub)]
