@@ -297,7 +297,10 @@ where
     };
     let ctx = invocation.context.clone();
     let fut = if stack.has(HookPoint::WrapTool) {
-        Either::Left(run(Next::chain(stack.entries.clone(), base, home), invocation))
+        Either::Left(run(
+            Next::chain(stack.entries.clone(), base, home),
+            invocation,
+        ))
     } else {
         Either::Right(call_innermost(base, invocation, true))
     };

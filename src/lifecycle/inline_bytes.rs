@@ -178,7 +178,10 @@ mod tests {
         let short = InlineBytes::copy(b"lookup");
         assert_eq!(short.as_bytes(), b"lookup");
         let long = "x".repeat(3 * INLINE);
-        assert_eq!(InlineBytes::copy(long.as_bytes()).as_bytes(), long.as_bytes());
+        assert_eq!(
+            InlineBytes::copy(long.as_bytes()).as_bytes(),
+            long.as_bytes()
+        );
         assert_eq!(InlineStr::copy("search").to_string(), "search");
     }
 

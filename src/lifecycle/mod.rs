@@ -175,8 +175,8 @@
 mod attribute;
 pub mod builtin;
 mod call_chain;
-mod chain_run;
 mod call_hook;
+mod chain_run;
 mod closures;
 pub(crate) mod edit_watch;
 mod from_fn;

@@ -113,7 +113,11 @@ impl<Req: WrapRequest> Below<Req> {
 
     /// The service for the one run of this `Next`.
     fn take(self) -> Option<BoxService<Req>> {
-        match self.slot.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        match self
+            .slot
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
             Slot::Own(service) => service,
             Slot::Shared(shared) => shared.take(),
         }

@@ -187,7 +187,8 @@ mod tests {
 
     #[test]
     fn equal_values_match_and_any_change_does_not() {
-        let args = json!({"city": "Paris", "days": 3, "ratio": 0.5, "tags": ["a", null, true], "n": -2});
+        let args =
+            json!({"city": "Paris", "days": 3, "ratio": 0.5, "tags": ["a", null, true], "n": -2});
         let snapshot = ToolSnapshot::of(r#"{"city":"Paris"}"#, &args);
         assert_eq!(snapshot.text(), br#"{"city":"Paris"}"#);
         assert!(snapshot.same_args(&args.clone()));
