@@ -302,8 +302,13 @@ pub(crate) trait HookPort: Send + Sync + 'static {
         messages: &'a mut History,
     ) -> HookFuture<'a, ()>;
 
-    /// Around each model call, ending in `next`.
-    fn wrap_model(&self, call: ModelCall, next: BoxModel) -> HookFuture<'_, ModelResponse>;
+    /// Around each model call, ending in `next`. Boxed at once: the call
+    /// always waits, and the loop holds it across that wait.
+    fn wrap_model(
+        &self,
+        call: ModelCall,
+        next: BoxModel,
+    ) -> BoxFuture<'_, Result<ModelResponse, BoxError>>;
 
     /// After each answer, before the run uses it.
     fn after_model<'a>(

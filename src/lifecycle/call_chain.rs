@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
 use futures::future::Either;
@@ -12,6 +12,7 @@ use futures::task::AtomicWaker;
 use futures::FutureExt;
 use tower::Service;
 
+use super::inline_bytes::{Builder, InlineBytes};
 use super::next::call_innermost;
 use super::stack::CompiledStack;
 use super::{HookPoint, Next, ResponseFuture};
@@ -19,7 +20,7 @@ use crate::error::{kind_of, AgentError, BoxError, ErrorKind};
 use crate::request::{
     BoxModel, BoxTool, Deliver, DeltaSink, ModelCall, ToolInvocation, ToolOutput,
 };
-use crate::types::{ModelDelta, ModelResponse};
+use crate::types::{ModelDelta, ModelResponse, ToolCall};
 
 /// The first error a delta hook raised, which aborts the call.
 #[derive(Default)]
@@ -143,31 +144,98 @@ where
     (DeltaSink::shared(guard.clone(), provisional), guard)
 }
 
+/// The call a tool's delta hooks see, as it was when the call set out: one
+/// copy, inline when short, made a [`ToolCall`] at the first delta (most
+/// tools stream none).
+struct CallCopy {
+    /// The id, the name and the arguments, one after the other.
+    packed: InlineBytes,
+    /// Where the id ends and the name starts.
+    id_end: usize,
+    /// Where the name ends and the arguments start.
+    name_end: usize,
+    call: OnceLock<ToolCall>,
+}
+
+impl CallCopy {
+    fn new(call: &ToolCall) -> Self {
+        let mut packed = Builder::new();
+        packed.extend(call.id.as_bytes());
+        let id_end = packed.len();
+        packed.extend(call.name.as_bytes());
+        let name_end = packed.len();
+        packed.extend(call.arguments.as_bytes());
+        Self {
+            packed: packed.finish(),
+            id_end,
+            name_end,
+            call: OnceLock::new(),
+        }
+    }
+
+    fn get(&self) -> &ToolCall {
+        self.call.get_or_init(|| {
+            // Cut where whole strings were joined: each part is UTF-8.
+            let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+            let packed = self.packed.as_bytes();
+            ToolCall {
+                id: text(&packed[..self.id_end]),
+                name: text(&packed[self.id_end..self.name_end]),
+                arguments: text(&packed[self.name_end..]),
+            }
+        })
+    }
+}
+
 /// One model call through `stack`'s part of the onion. Delta hooks see the
 /// stream only in a run that streams. The set-up happens here, at once; the
 /// future only waits.
 pub(crate) fn model_call(
     stack: Arc<CompiledStack>,
-    mut call: ModelCall,
+    call: ModelCall,
     base: BoxModel,
     home: Option<usize>,
 ) -> impl Future<Output = Result<ModelResponse, BoxError>> + Send + 'static {
-    let failure = match call.stream.take() {
-        Some(sink) if stack.has(HookPoint::OnModelDelta) => {
-            let (hooks, ctx) = (stack.clone(), call.context.clone());
-            let (sink, guard) = guard_sink(Some(sink), move |delta: &mut ModelDelta| {
-                hooks.on_model_delta(&ctx, delta)
-            });
-            call.stream = Some(sink);
-            Some(guard)
-        }
-        sink => {
-            call.stream = sink;
-            None
-        }
+    model_call_via(&stack, call, base, home, |next, call| next.run(call))
+}
+
+/// [`model_call`] for a caller that holds `stack` while the call runs: the
+/// walk down its wrap chain needs no future of its own.
+pub(crate) fn model_call_in(
+    stack: &Arc<CompiledStack>,
+    call: ModelCall,
+    base: BoxModel,
+    home: Option<usize>,
+) -> impl Future<Output = Result<ModelResponse, BoxError>> + Send + '_ {
+    model_call_via(stack, call, base, home, move |next, call| {
+        next.run_in(&stack.entries, call)
+    })
+}
+
+fn model_call_via<F>(
+    stack: &Arc<CompiledStack>,
+    mut call: ModelCall,
+    base: BoxModel,
+    home: Option<usize>,
+    run: impl FnOnce(Next<ModelCall>, ModelCall) -> F,
+) -> impl Future<Output = Result<ModelResponse, BoxError>> + Send
+where
+    F: Future<Output = Result<ModelResponse, BoxError>> + Send,
+{
+    // Read first: writing to the call would copy its parts if shared.
+    let failure = if call.stream.is_some() && stack.has(HookPoint::OnModelDelta) {
+        let (hooks, ctx) = (stack.clone(), call.context.clone());
+        let parts = &mut *call;
+        let (sink, guard) = guard_sink(parts.stream.take(), move |delta: &mut ModelDelta| {
+            hooks.on_model_delta(&ctx, delta)
+        });
+        parts.stream = Some(sink);
+        Some(guard)
+    } else {
+        None
     };
     let fut = if stack.has(HookPoint::WrapModel) {
-        Either::Left(Next::chain(stack.entries.clone(), base, home).run(call))
+        Either::Left(run(Next::chain(stack.entries.clone(), base, home), call))
     } else {
         // No wrap hook may run: straight to the service below.
         Either::Right(call_innermost(base, call, true))
@@ -182,18 +250,45 @@ pub(crate) fn model_call(
 /// tool gets a sink for its progress even when nobody else listens.
 pub(crate) fn tool_call(
     stack: Arc<CompiledStack>,
-    mut invocation: ToolInvocation,
+    invocation: ToolInvocation,
     base: BoxTool,
     home: Option<usize>,
 ) -> impl Future<Output = Result<ToolOutput, BoxError>> + Send + 'static {
+    tool_call_via(&stack, invocation, base, home, |next, invocation| {
+        next.run(invocation)
+    })
+}
+
+/// [`tool_call`] for a caller that holds `stack` while the call runs.
+pub(crate) fn tool_call_in(
+    stack: &Arc<CompiledStack>,
+    invocation: ToolInvocation,
+    base: BoxTool,
+    home: Option<usize>,
+) -> impl Future<Output = Result<ToolOutput, BoxError>> + Send + '_ {
+    tool_call_via(stack, invocation, base, home, move |next, invocation| {
+        next.run_in(&stack.entries, invocation)
+    })
+}
+
+fn tool_call_via<F>(
+    stack: &Arc<CompiledStack>,
+    mut invocation: ToolInvocation,
+    base: BoxTool,
+    home: Option<usize>,
+    run: impl FnOnce(Next<ToolInvocation>, ToolInvocation) -> F,
+) -> impl Future<Output = Result<ToolOutput, BoxError>> + Send
+where
+    F: Future<Output = Result<ToolOutput, BoxError>> + Send,
+{
     let failure = if stack.has(HookPoint::OnToolDelta) {
         let (hooks, ctx, call) = (
             stack.clone(),
             invocation.context.clone(),
-            invocation.call.clone(),
+            CallCopy::new(&invocation.call),
         );
         let (sink, guard) = guard_sink(invocation.stream.take(), move |delta: &mut ModelDelta| {
-            hooks.on_tool_delta(&ctx, &call, delta)
+            hooks.on_tool_delta(&ctx, call.get(), delta)
         });
         invocation.stream = Some(sink);
         Some(guard)
@@ -202,7 +297,10 @@ pub(crate) fn tool_call(
     };
     let ctx = invocation.context.clone();
     let fut = if stack.has(HookPoint::WrapTool) {
-        Either::Left(Next::chain(stack.entries.clone(), base, home).run(invocation))
+        Either::Left(run(
+            Next::chain(stack.entries.clone(), base, home),
+            invocation,
+        ))
     } else {
         Either::Right(call_innermost(base, invocation, true))
     };

@@ -6,9 +6,10 @@
 use std::fmt;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use tower::ServiceExt;
 
-use super::call_chain::{model_call, tool_call, StackModel, StackTool};
+use super::call_chain::{model_call_in, tool_call_in, StackModel, StackTool};
 use super::edit_watch::watcher;
 use super::placement::AgentLevels;
 use super::stack::CompiledStack;
@@ -250,12 +251,16 @@ impl HookPort for InstalledHooks {
         }
     }
 
-    fn wrap_model(&self, call: ModelCall, next: BoxModel) -> HookFuture<'_, ModelResponse> {
+    fn wrap_model(
+        &self,
+        call: ModelCall,
+        next: BoxModel,
+    ) -> BoxFuture<'_, Result<ModelResponse, BoxError>> {
         let own = self.stack.wraps_model(call.stream.is_some());
         let home = Some(self.depth);
         match &self.outer {
-            None if !own => HookFuture::new(next.oneshot(call)),
-            None => HookFuture::new(model_call(self.stack.clone(), call, next, home)),
+            None if !own => Box::pin(next.oneshot(call)),
+            None => Box::pin(model_call_in(&self.stack, call, next, home)),
             Some(outer) if !own => outer.wrap_model(call, next),
             Some(outer) => {
                 let own = box_model(StackModel {
@@ -361,7 +366,7 @@ impl HookPort for InstalledHooks {
         let home = Some(self.depth);
         match &self.outer {
             None if !own => HookFuture::new(next.oneshot(invocation)),
-            None => HookFuture::new(tool_call(self.stack.clone(), invocation, next, home)),
+            None => HookFuture::new(tool_call_in(&self.stack, invocation, next, home)),
             Some(outer) if !own => outer.wrap_tool(invocation, next),
             Some(outer) => {
                 let own = box_tool(StackTool {

@@ -141,11 +141,22 @@ where
     }
 
     fn call(&mut self, mut request: RunRequest) -> Self::Future {
+        let run = request.extensions.remove::<RunMiddleware>();
+        // No middleware that could ever run, and none the run inherited:
+        // nothing to install, nothing to bracket.
+        if self.layer.levels.inert()
+            && run.as_ref().is_none_or(|r| r.stack.inert())
+            && crate::hooks::installed(&request.context).is_none()
+        {
+            let call = self.inner.call(request);
+            return ResponseFuture::new(async move {
+                call.await.map_err(|e| AgentError::classify(e.into()))
+            });
+        }
         let ctx = request.context.clone();
         // An outer lifecycle layer on this same run already brackets it:
         // this one adds its middleware inside and brackets only those.
         let nested = ctx.is_bracketed();
-        let run = request.extensions.remove::<RunMiddleware>();
         let runtime = self.layer.levels.claim_runtime(&ctx);
         let empty = CompiledStack::empty();
         let (builtins, agent_builtins) = if self.own {

@@ -40,7 +40,7 @@ pub struct Next<Req: WrapRequest> {
     /// adapter), from `index` on.
     chain: Option<Arc<[Entry]>>,
     index: usize,
-    innermost: Arc<Innermost<Req>>,
+    innermost: Below<Req>,
     /// What the middleware that was handed this `next` received, to compare
     /// with what it hands on.
     received: Option<Received<Req>>,
@@ -66,30 +66,79 @@ impl<Req: WrapRequest> Clone for Received<Req> {
     }
 }
 
-/// The service below the last wrap hook.
-struct Innermost<Req: WrapRequest> {
-    /// Made ready by `poll_ready` (holding whatever it reserved) for the
-    /// first run; after it, a clone for the runs that may follow.
-    ready: Mutex<Option<BoxService<Req>>>,
+/// The service below the last wrap hook, as one `Next` holds it: its own
+/// until the `Next` is first cloned, shared from then on. A chain whose
+/// middleware only hand the call on never shares it, and allocates nothing
+/// for it.
+struct Below<Req: WrapRequest> {
+    slot: Mutex<Slot<Req>>,
     /// Below a lifecycle chain: a tool's failure becomes its error result.
     recover: bool,
 }
 
-impl<Req: WrapRequest> Innermost<Req> {
-    fn new(service: BoxService<Req>, recover: bool) -> Arc<Self> {
-        Arc::new(Self {
-            ready: Mutex::new(Some(service)),
+enum Slot<Req: WrapRequest> {
+    /// Made ready by `poll_ready` (holding whatever it reserved) for the
+    /// run of this `Next`; `None` once taken.
+    Own(Option<BoxService<Req>>),
+    /// Shared with the clones.
+    Shared(Arc<Innermost<Req>>),
+}
+
+impl<Req: WrapRequest> Below<Req> {
+    fn new(service: BoxService<Req>, recover: bool) -> Self {
+        Self {
+            slot: Mutex::new(Slot::Own(Some(service))),
             recover,
-        })
+        }
     }
 
+    /// The same service, for a clone of the `Next`: shared from now on.
+    fn share(&self) -> Self {
+        let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let shared = match &mut *slot {
+            Slot::Shared(shared) => shared.clone(),
+            Slot::Own(service) => {
+                let shared = Arc::new(Innermost {
+                    ready: Mutex::new(service.take()),
+                });
+                *slot = Slot::Shared(shared.clone());
+                shared
+            }
+        };
+        Self {
+            slot: Mutex::new(Slot::Shared(shared)),
+            recover: self.recover,
+        }
+    }
+
+    /// The service for the one run of this `Next`.
+    fn take(self) -> Option<BoxService<Req>> {
+        match self
+            .slot
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            Slot::Own(service) => service,
+            Slot::Shared(shared) => shared.take(),
+        }
+    }
+}
+
+/// The service below the last wrap hook, shared by the clones of a `Next`.
+struct Innermost<Req: WrapRequest> {
+    /// Made ready by `poll_ready` (holding whatever it reserved) for the
+    /// first run; after it, a clone for the runs that may follow.
+    ready: Mutex<Option<BoxService<Req>>>,
+}
+
+impl<Req: WrapRequest> Innermost<Req> {
     /// The service for one run. A clone is left behind only while another
     /// `Next` shares this one and so may run later: the `Next` being run is
     /// the last holder otherwise, and nothing can clone it any more.
-    fn take(self: &Arc<Self>) -> Option<BoxService<Req>> {
+    fn take(self: Arc<Self>) -> Option<BoxService<Req>> {
         let mut slot = self.ready.lock().unwrap_or_else(PoisonError::into_inner);
         let service = slot.take()?;
-        if Arc::strong_count(self) > 1 {
+        if Arc::strong_count(&self) > 1 {
             *slot = Some(service.clone());
         }
         Some(service)
@@ -103,7 +152,7 @@ impl<Req: WrapRequest> Next<Req> {
         Self {
             chain: None,
             index: 0,
-            innermost: Innermost::new(service, false),
+            innermost: Below::new(service, false),
             received: Some(Received {
                 by: Some(by.clone()),
                 snapshot: received.snapshot(),
@@ -122,7 +171,7 @@ impl<Req: WrapRequest> Next<Req> {
         Self {
             chain: Some(chain),
             index: 0,
-            innermost: Innermost::new(innermost, true),
+            innermost: Below::new(innermost, true),
             received: None,
             home,
         }
@@ -188,7 +237,7 @@ enum Walked<Req: WrapRequest> {
 }
 
 /// One step of the walk: what [`step`] found.
-enum Step<'e, Req: WrapRequest> {
+pub(super) enum Step<'e, Req: WrapRequest> {
     Innermost(BoxService<Req>, Req, bool),
     /// A middleware answers with a future of its own.
     Hooked {
@@ -234,7 +283,7 @@ async fn walk<Req: WrapRequest>(next: Next<Req>, req: Req) -> Walked<Req> {
 
 /// The synchronous part of a walk: each wrap hook that hands the request on
 /// is called here, with no future and nothing shared cloned for it.
-fn step<'e, Req: WrapRequest>(
+pub(super) fn step<'e, Req: WrapRequest>(
     chain: Option<&'e Arc<[Entry]>>,
     mut next: Next<Req>,
     mut req: Req,
@@ -273,7 +322,6 @@ fn step<'e, Req: WrapRequest>(
             let Some(service) = next.innermost.take() else {
                 return Step::Failed("the service below the wrap hooks is gone".into());
             };
-            drop(next);
             return Step::Innermost(service, req, recover);
         };
         if !req.context().same_run(&ctx) {
@@ -330,7 +378,7 @@ fn step<'e, Req: WrapRequest>(
 }
 
 /// Notes a middleware failure of a wrap hook for the runs it fails.
-fn own_failure(ctx: &RunContext, home: Option<usize>, err: BoxError) -> BoxError {
+pub(super) fn own_failure(ctx: &RunContext, home: Option<usize>, err: BoxError) -> BoxError {
     if let Some(home) = home {
         if kind_of(err.as_ref()) == ErrorKind::Middleware {
             ctx.note_hook_failure(ctx.depth().saturating_sub(home));
@@ -344,7 +392,7 @@ impl<Req: WrapRequest> Clone for Next<Req> {
         Self {
             chain: self.chain.clone(),
             index: self.index,
-            innermost: self.innermost.clone(),
+            innermost: self.innermost.share(),
             received: self.received.clone(),
             home: self.home,
         }
@@ -416,14 +464,16 @@ impl<Req: WrapRequest> Future for CallInnermost<Req> {
         }
         let call = this.call.as_mut().expect("called above");
         let base = || format!("{}:{}", Req::KIND, this.name);
-        let result = match catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
+        // An answer goes out as it came, moved once.
+        let err = match catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
             Ok(Poll::Pending) => return Poll::Pending,
-            Ok(Poll::Ready(result)) => result.map_err(|e| name_tripwire(e, &base(), "call")),
-            Err(panic) => Err(format!("`{}` panicked: {}", base(), panic_message(&*panic)).into()),
+            Ok(Poll::Ready(Ok(response))) => return Poll::Ready(Ok(response)),
+            Ok(Poll::Ready(Err(err))) => name_tripwire(err, &base(), "call"),
+            Err(panic) => format!("`{}` panicked: {}", base(), panic_message(&*panic)).into(),
         };
-        Poll::Ready(match (result, this.ctx.take()) {
-            (Err(err), Some(ctx)) => Req::recover(&ctx, &this.name, err),
-            (result, _) => result,
+        Poll::Ready(match this.ctx.take() {
+            Some(ctx) => Req::recover(&ctx, &this.name, err),
+            None => Err(err),
         })
     }
 }

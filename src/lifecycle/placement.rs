@@ -30,6 +30,13 @@ impl AgentLevels {
         })
     }
 
+    /// Whether none of these middleware can ever do anything.
+    pub(crate) fn inert(&self) -> bool {
+        self.runtime.as_ref().is_none_or(|rt| rt.inert())
+            && self.agent.inert()
+            && self.builtins.inert()
+    }
+
     /// What these bring to a run handed over to their agent: the agent
     /// level (after the runtime's, unless that runtime already serves the
     /// run) and the built-ins.

@@ -147,12 +147,22 @@ impl Registered {
         self.absent.load(Ordering::Relaxed) & hook.bit() == 0
     }
 
+    /// Whether the middleware was seen answering "not overridden" at every
+    /// hook point and holds no stream: it can never do anything in a run.
+    #[inline]
+    fn inert(&self) -> bool {
+        !self.holds_stream && self.absent.load(Ordering::Relaxed) == ALL_HOOKS
+    }
+
     /// Records that the middleware does not override `hook`.
     #[inline]
     pub(crate) fn learn_absent(&self, hook: HookPoint) {
         self.absent.fetch_or(hook.bit(), Ordering::Relaxed);
     }
 }
+
+/// Every hook point's bit.
+const ALL_HOOKS: u32 = (1 << HookPoint::COUNT) - 1;
 
 /// A compiled stack: what one run (or one placement level) uses.
 pub(crate) struct CompiledStack {
@@ -195,6 +205,12 @@ impl CompiledStack {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Whether no middleware here can ever do anything: none at all, or
+    /// each seen leaving every hook point alone.
+    pub(crate) fn inert(&self) -> bool {
+        self.entries.iter().all(|e| e.inert())
     }
 
     /// Whether any middleware may run at `hook`. Exact once each has met

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::attribute::{attribute, name_tripwire};
 use super::edit_watch::watcher;
+use super::inline_bytes::InlineStr;
 use super::{HookPoint, Middleware, Next};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
@@ -186,6 +187,8 @@ pub type ModelNext = Next<ModelCall>;
 pub type ToolNext = Next<ToolInvocation>;
 
 pub(crate) mod sealed {
+    pub(crate) use crate::lifecycle::tool_snapshot::ToolSnapshot;
+
     use super::*;
 
     /// What the wrap chain needs of a request, out of the public surface.
@@ -297,8 +300,8 @@ impl WrapRequest for ToolInvocation {
 }
 
 impl sealed::Plumbing for ToolInvocation {
-    type Snapshot = (String, Value);
-    type Name = String;
+    type Snapshot = sealed::ToolSnapshot;
+    type Name = InlineStr;
     const KIND: &'static str = "tool";
     const RECOVERS: bool = true;
 
@@ -310,15 +313,15 @@ impl sealed::Plumbing for ToolInvocation {
         mw.wrap_tool(req, next)
     }
 
-    fn snapshot(&self) -> (String, Value) {
-        (self.call.arguments.clone(), self.args.clone())
+    fn snapshot(&self) -> sealed::ToolSnapshot {
+        sealed::ToolSnapshot::of(&self.call.arguments, &self.args)
     }
 
     /// Keeps the argument text and the parsed arguments in step, whichever
     /// the middleware changed, and withdraws the approval when they changed.
-    fn reconcile(&mut self, _by: &Arc<str>, (text, args): &(String, Value)) -> bool {
-        let text_changed = self.call.arguments != *text;
-        let args_changed = self.args != *args;
+    fn reconcile(&mut self, _by: &Arc<str>, received: &sealed::ToolSnapshot) -> bool {
+        let text_changed = self.call.arguments.as_bytes() != received.text();
+        let args_changed = !received.same_args(&self.args);
         if !text_changed && !args_changed {
             return true;
         }
@@ -327,19 +330,20 @@ impl sealed::Plumbing for ToolInvocation {
         } else if args_changed && !text_changed {
             self.call.arguments = self.args.to_string();
         }
-        let changed = self.args != *args || (self.args.is_null() && self.call.arguments != *text);
+        let changed = !received.same_args(&self.args)
+            || (self.args.is_null() && self.call.arguments.as_bytes() != received.text());
         if changed {
             self.approved = false;
         }
         false
     }
 
-    fn callee(&self) -> String {
-        self.call.name.clone()
+    fn callee(&self) -> InlineStr {
+        InlineStr::copy(&self.call.name)
     }
 
-    fn recover(ctx: &RunContext, name: &String, err: BoxError) -> Result<ToolOutput, BoxError> {
-        tool_failure(ctx, name, AgentError::classify(err)).map_err(Into::into)
+    fn recover(ctx: &RunContext, name: &InlineStr, err: BoxError) -> Result<ToolOutput, BoxError> {
+        tool_failure(ctx, name.as_str(), AgentError::classify(err)).map_err(Into::into)
     }
 
     fn link_error(err: BoxError, name: &str) -> BoxError {

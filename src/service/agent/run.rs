@@ -381,9 +381,9 @@ impl Run {
                     hold,
                     &self.extensions,
                 );
-                // Boxed: a hook future that is ready holds a whole answer,
-                // which a run without hooks need not make room for.
-                let fut = Box::pin(hooks.wrap_model(call, config.model.clone()));
+                // Boxed by the hooks: a run without hooks need not make
+                // room for what they hold.
+                let fut = hooks.wrap_model(call, config.model.clone());
                 ctx.race(InSpan::new(span, fut)).await
             }
             None => {
