@@ -191,6 +191,7 @@
 //! ```
 
 mod layer;
+mod memo;
 mod service;
 
 pub use crate::pii::{
