@@ -27,7 +27,7 @@ fn counting(answer: &str) -> (MaskPii<ScriptedModel>, ScriptedModel, Arc<Mutex<V
 async fn send(svc: &mut MaskPii<ScriptedModel>, ctx: &RunContext, history: &History) -> String {
     let call = ModelCall::new(ModelRequest::new("m", history.clone()), ctx.clone());
     let response = svc.ready().await.unwrap().call(call).await.unwrap();
-    response.message.text().to_owned()
+    response.message.text().into_owned()
 }
 
 fn take(scanned: &Mutex<Vec<String>>) -> Vec<String> {
@@ -102,7 +102,7 @@ async fn an_edit_after_a_masked_message_keeps_its_placeholders() {
 
     let seen = model.requests();
     let texts = |i: usize| -> Vec<String> {
-        seen[i].messages.iter().map(|m| m.text().to_owned()).collect()
+        seen[i].messages.iter().map(|m| m.text().into_owned()).collect()
     };
     assert_eq!(texts(0), ["clean", "mail <EMAIL_1>", "and then"]);
     assert_eq!(texts(1), ["clean", "mail <EMAIL_1>", "and <EMAIL_2>"]);
