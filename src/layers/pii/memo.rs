@@ -73,7 +73,12 @@ impl CleanMemo {
         if seq & 1 == 1
             || slot
                 .seq
-                .compare_exchange(seq, seq.wrapping_add(1), Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange(
+                    seq,
+                    seq.wrapping_add(1),
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
                 .is_err()
         {
             return;

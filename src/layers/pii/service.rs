@@ -131,7 +131,12 @@ fn unchanged(ctx: &RunContext, history: &History) -> Option<Masked> {
 
 /// Masks what `history` added since the run's last call, and records what
 /// this call sends for the next one.
-fn mask_run(ctx: &RunContext, core: &Core, engine: &PiiEngine, history: &History) -> Result<Masked, PiiBlocked> {
+fn mask_run(
+    ctx: &RunContext,
+    core: &Core,
+    engine: &PiiEngine,
+    history: &History,
+) -> Result<Masked, PiiBlocked> {
     let shared = ctx.with_state(|state| {
         state
             .get_or_insert_with(|| RunPii {
@@ -241,7 +246,6 @@ fn restore_message(session: &PiiSession, message: &mut Message) {
         }
     }
 }
-
 
 /// The masked history for this call: the run's masked history, extended by
 /// the messages added since the last call. After an edit (or a copy) of the
@@ -422,58 +426,78 @@ where
     #[inline]
     fn call(&mut self, mut call: ModelCall) -> Self::Future {
         let core = &*self.core;
-        let engine = match &core.engine {
-            Ok(engine) => engine,
-            Err(message) => {
-                let err: BoxError = Box::new(AgentError::Config(message.to_string()));
-                return future::ResponseFuture::blocked(err);
-            }
-        };
         let history = &call.request.messages;
         // A history this engine found clean: sent as it is, nothing to
         // restore, the run's state not even looked at.
-        if core.clean.clean_len(history.lineage()) >= history.len() {
-            return future::ResponseFuture::new(self.inner.call(call), None, None);
-        }
-        let masked = match unchanged(&call.context, &call.request.messages) {
-            Some(masked) => masked,
-            None => match mask_run(&call.context, core, engine, &call.request.messages) {
-                Ok(masked) => masked,
-                Err(blocked) => return future::ResponseFuture::blocked(blocked_error(blocked)),
-            },
-        };
-        let Masked {
-            history,
-            count,
-            restore,
-        } = masked;
-        if count > 0 {
-            let ctx = &call.context;
-            ctx.emit(|| AgentEvent::PiiMasked {
-                run_id: ctx.run_id().clone(),
-                count,
-            });
-        }
-        // Changing the call copies its parts when they are shared: only
-        // what changes is touched.
-        if let Some(history) = history {
-            call.request.messages = history;
-        }
-        // No placeholder handed out: the answer holds nothing to restore,
-        // streamed or not.
-        let stream = match &restore {
-            Some(session) if call.stream.is_some() => {
-                let call = &mut *call;
-                call.stream.take().map(|sink| {
-                    let (restoring, streamed) = Streamed::wrap(sink, session.clone());
-                    call.stream = Some(restoring);
-                    streamed
-                })
+        let prepared =
+            if core.engine.is_ok() && core.clean.clean_len(history.lineage()) >= history.len() {
+                Ok(Prepared::default())
+            } else {
+                prepare(core, &mut call)
+            };
+        match prepared {
+            Ok(Prepared { restore, stream }) => {
+                future::ResponseFuture::new(self.inner.call(call), restore, stream)
             }
-            _ => None,
-        };
-        future::ResponseFuture::new(self.inner.call(call), restore, stream)
+            Err(err) => future::ResponseFuture::blocked(err),
+        }
     }
+}
+
+/// What a call's answer needs: the session to restore from (`None`: the
+/// request held no placeholder), and a streamed call's restoring.
+#[derive(Default)]
+struct Prepared {
+    restore: Option<Arc<PiiSession>>,
+    stream: Option<Arc<Streamed>>,
+}
+
+/// Masks `call`'s history (what the run's last call did not cover) and
+/// wraps its stream when there is something to restore. Kept out of
+/// [`MaskPii::call`], so that stays small enough to inline.
+#[inline(never)]
+fn prepare(core: &Core, call: &mut ModelCall) -> Result<Prepared, BoxError> {
+    let engine = match &core.engine {
+        Ok(engine) => engine,
+        Err(message) => return Err(Box::new(AgentError::Config(message.to_string()))),
+    };
+    let masked = match unchanged(&call.context, &call.request.messages) {
+        Some(masked) => masked,
+        None => {
+            mask_run(&call.context, core, engine, &call.request.messages).map_err(blocked_error)?
+        }
+    };
+    let Masked {
+        history,
+        count,
+        restore,
+    } = masked;
+    if count > 0 {
+        let ctx = &call.context;
+        ctx.emit(|| AgentEvent::PiiMasked {
+            run_id: ctx.run_id().clone(),
+            count,
+        });
+    }
+    // Changing the call copies its parts when they are shared: only what
+    // changes is touched.
+    if let Some(history) = history {
+        call.request.messages = history;
+    }
+    // No placeholder handed out: the answer holds nothing to restore,
+    // streamed or not.
+    let stream = match &restore {
+        Some(session) if call.stream.is_some() => {
+            let call = &mut **call;
+            call.stream.take().map(|sink| {
+                let (restoring, streamed) = Streamed::wrap(sink, session.clone());
+                call.stream = Some(restoring);
+                streamed
+            })
+        }
+        _ => None,
+    };
+    Ok(Prepared { restore, stream })
 }
 
 /// The tripwire of a conversation holding PII of a blocked kind.
@@ -569,6 +593,9 @@ pub mod future {
                     restore,
                     stream,
                 } => {
+                    if restore.is_none() && stream.is_none() {
+                        return future.poll(cx).map_err(Into::into);
+                    }
                     // Changed in place: the answer is not moved about.
                     let mut poll = future.poll(cx).map_err(Into::into);
                     if poll.is_ready() {

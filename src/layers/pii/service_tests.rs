@@ -11,7 +11,13 @@ use crate::types::{History, Message, ModelDelta, ModelRequest};
 
 /// A layer whose custom detector records every text the engine scans (and
 /// finds nothing), and a model answering `answer` to every call.
-fn counting(answer: &str) -> (MaskPii<ScriptedModel>, ScriptedModel, Arc<Mutex<Vec<String>>>) {
+fn counting(
+    answer: &str,
+) -> (
+    MaskPii<ScriptedModel>,
+    ScriptedModel,
+    Arc<Mutex<Vec<String>>>,
+) {
     let scanned = Arc::new(Mutex::new(Vec::new()));
     let log = scanned.clone();
     let detector = CustomDetector::from_fn("count", move |text| {
@@ -102,7 +108,11 @@ async fn an_edit_after_a_masked_message_keeps_its_placeholders() {
 
     let seen = model.requests();
     let texts = |i: usize| -> Vec<String> {
-        seen[i].messages.iter().map(|m| m.text().into_owned()).collect()
+        seen[i]
+            .messages
+            .iter()
+            .map(|m| m.text().into_owned())
+            .collect()
     };
     assert_eq!(texts(0), ["clean", "mail <EMAIL_1>", "and then"]);
     assert_eq!(texts(1), ["clean", "mail <EMAIL_1>", "and <EMAIL_2>"]);
@@ -142,5 +152,8 @@ fn the_future_is_the_inner_future_and_a_few_words() {
     type Inner = std::future::Ready<Result<crate::types::ModelResponse, crate::BoxError>>;
     let inner = std::mem::size_of::<Inner>();
     let outer = std::mem::size_of::<super::future::ResponseFuture<Inner>>();
-    assert!(outer <= inner + 3 * std::mem::size_of::<usize>(), "{outer} vs {inner}");
+    assert!(
+        outer <= inner + 3 * std::mem::size_of::<usize>(),
+        "{outer} vs {inner}"
+    );
 }
