@@ -43,7 +43,8 @@
 //!   was added.
 //! * **Restores** the placeholders in the model's answer and in its tool-call
 //!   arguments, so the user and the tools see the real values. A call whose
-//!   request held no placeholder returns the answer untouched. Inside the
+//!   history holds nothing to mask, or whose run has handed out no
+//!   placeholder yet, returns the answer untouched. Inside the
 //!   arguments' JSON strings a value is escaped for JSON
 //!   ([`PiiSession::restore_json`]): a multi-line key still parses, and one
 //!   masked from arguments ([`PiiSession::mask_json`]) comes back as it stood.

@@ -154,9 +154,11 @@ fn mask_run(
     // The run's lock, then the context's: the other way round nowhere.
     let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
     let known_clean = core.clean.clean_len(history.lineage()).min(history.len());
-    let masked = masked_history(&mut state, history, known_clean)?;
+    let mut masked = masked_history(&mut state, history, known_clean)?;
     if masked.history.is_none() {
+        // Nothing to mask: nothing the model reads is a placeholder.
         core.clean.record(history.lineage(), history.len());
+        masked.restore = None;
     }
     ctx.with_state(|state| {
         if let Some(run) = state.get_mut::<RunPii>() {

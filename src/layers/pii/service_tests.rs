@@ -76,8 +76,18 @@ async fn each_message_is_scanned_once_per_run_through_appends_edits_and_copies()
     send(&mut svc, &ctx, &short).await;
     assert_eq!(take(&scanned), ["another second"]);
 
+    // Another run through a clone of the service, continuing the clean
+    // history: it scans only what it adds.
+    let mut other = svc.clone();
+    let next = RunContext::new();
+    send(&mut other, &next, &short).await;
+    assert!(take(&scanned).is_empty());
+    short.push(Message::user("a new run's question"));
+    send(&mut other, &next, &short).await;
+    assert_eq!(take(&scanned), ["a new run's question"]);
+
     let seen = model.requests();
-    assert_eq!(seen.len(), 7);
+    assert_eq!(seen.len(), 9);
     assert_eq!(seen[3].messages[2].text(), "third, edited");
     assert_eq!(seen[6].messages.len(), 2);
     assert_eq!(seen[6].messages[1].text(), "another second");
@@ -101,10 +111,12 @@ async fn an_edit_after_a_masked_message_keeps_its_placeholders() {
     let call = ModelCall::new(ModelRequest::new("m", history.clone()), ctx.clone());
     svc.ready().await.unwrap().call(call).await.unwrap();
 
-    // The masked message goes away: the clean prefix is sent as it is.
+    // The masked message goes away: the clean prefix is sent as it is, and
+    // the answer to it is the model's own text (it read no placeholder).
     history.to_mut().truncate(1);
     let call = ModelCall::new(ModelRequest::new("m", history.clone()), ctx.clone());
-    svc.ready().await.unwrap().call(call).await.unwrap();
+    let answer = svc.ready().await.unwrap().call(call).await.unwrap();
+    assert_eq!(answer.message.text(), "to <EMAIL_1>");
 
     let seen = model.requests();
     let texts = |i: usize| -> Vec<String> {
