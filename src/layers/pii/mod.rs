@@ -199,6 +199,7 @@
 mod layer;
 mod memo;
 mod service;
+mod stream;
 
 pub use crate::pii::{
     CustomDetector, Detection, PiiBlocked, PiiConfig, PiiEngine, PiiKind, PiiSession, Strategy,

@@ -1,21 +1,21 @@
 //! [`MaskPii`]: the PII engine as the innermost layer of the model stack.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use serde_json::json;
 use tower::Service;
 
 use super::memo::CleanMemo;
+use super::stream::Streamed;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::event::AgentEvent;
-use crate::pii::{PiiBlocked, PiiEngine, PiiSession, StreamRestorer};
-use crate::request::{DeltaSink, ModelCall};
-use crate::types::{ContentPart, History, Message, MessageContent, ModelDelta, ModelResponse};
+use crate::pii::{PiiBlocked, PiiEngine, PiiSession};
+use crate::request::ModelCall;
+use crate::types::{ContentPart, History, Message, MessageContent, ModelResponse};
 
 /// Masks PII in every message a model receives and restores it in what the
 /// model answers, streamed or not. See the [module docs](super).
@@ -324,92 +324,6 @@ fn masked_history(
         count,
         restore: (!state.session.is_empty()).then(|| state.session.clone()),
     })
-}
-
-/// A streamed call's restoring: the caller's sink, and the hold-back
-/// buffers feeding it (one for the text, one per tool call's arguments).
-struct Streamed {
-    sink: DeltaSink,
-    session: Arc<PiiSession>,
-    state: Mutex<StreamState>,
-}
-
-struct StreamState {
-    text: StreamRestorer,
-    calls: HashMap<usize, StreamRestorer>,
-}
-
-impl Streamed {
-    /// The sink to hand the inner service, restoring into `sink`.
-    fn wrap(sink: DeltaSink, session: Arc<PiiSession>) -> (DeltaSink, Arc<Streamed>) {
-        let streamed = Arc::new(Streamed {
-            state: Mutex::new(StreamState {
-                text: session.stream_restorer(),
-                calls: HashMap::new(),
-            }),
-            sink: sink.clone(),
-            session,
-        });
-        let shared = streamed.clone();
-        let restoring = sink.wrap(move |sink, delta| shared.deliver(sink, delta));
-        (restoring, streamed)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, StreamState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn deliver(&self, sink: &DeltaSink, delta: &ModelDelta) {
-        let mut state = self.lock();
-        match delta {
-            ModelDelta::Text { text } => {
-                let out = state.text.push(text);
-                if !out.is_empty() {
-                    sink.send(&ModelDelta::Text { text: out });
-                }
-            }
-            ModelDelta::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            } => {
-                let restorer = state
-                    .calls
-                    .entry(*index)
-                    .or_insert_with(|| self.session.json_stream_restorer());
-                sink.send(&ModelDelta::ToolCall {
-                    index: *index,
-                    id: id.clone(),
-                    name: name.clone(),
-                    arguments: restorer.push(arguments),
-                });
-            }
-            other => sink.send(other),
-        }
-    }
-
-    /// Sends what the restorers still hold.
-    fn flush(&self) {
-        let mut state = self.lock();
-        let text = std::mem::replace(&mut state.text, self.session.stream_restorer()).finish();
-        if !text.is_empty() {
-            self.sink.send(&ModelDelta::Text { text });
-        }
-        let mut calls: Vec<_> = state.calls.drain().collect();
-        calls.sort_by_key(|(index, _)| *index);
-        for (index, restorer) in calls {
-            let arguments = restorer.finish();
-            if !arguments.is_empty() {
-                self.sink.send(&ModelDelta::ToolCall {
-                    index,
-                    id: None,
-                    name: None,
-                    arguments,
-                });
-            }
-        }
-    }
 }
 
 impl<S> Service<ModelCall> for MaskPii<S>
