@@ -11,8 +11,9 @@
 //! `BENCH_CASE=layer_pii BENCH_RUNS=1000 valgrind --tool=callgrind
 //! target/release/deps/pii-…` calls the PII layer over a model that answers
 //! at once, with the short clean message of `benches/layers.rs`, that many
-//! times (`layer_bare`: the model alone); the difference between two run
-//! counts, divided by the difference in runs, is the instructions per call.
+//! times (`layer_bare`: the model alone; `mask_short`: the engine masking
+//! that message); the difference between two run counts, divided by the
+//! difference in runs, is the instructions per call.
 
 use std::{hint::black_box, sync::Arc};
 
@@ -339,7 +340,14 @@ fn counted_runs(case: &str, runs: usize) {
                 black_box(svc.ready().await.unwrap().call(call.clone()).await.unwrap());
             }
         }),
-        other => panic!("BENCH_CASE is layer_pii or layer_bare, not {other}"),
+        // The engine alone on that message, as a turn that adds it scans it.
+        "mask_short" => {
+            let session = PiiConfig::new().build().session();
+            for _ in 0..runs {
+                black_box(session.mask(black_box("Where is order A-1?")).unwrap());
+            }
+        }
+        other => panic!("BENCH_CASE is layer_pii, layer_bare or mask_short, not {other}"),
     }
 }
 

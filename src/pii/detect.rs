@@ -11,7 +11,7 @@ use super::{
     kind::{Detection, PiiKind, BUILTIN_COUNT},
     patterns::{self, Checked, SecretKind},
     phone::{self, PhoneShape},
-    scan::{for_each_window, Window},
+    scan::{for_each_window, may_hold_secret, Window, SHORT_TEXT},
     url,
 };
 
@@ -168,6 +168,9 @@ impl Collector<'_> {
             .iter()
             .any(|&k| self.on(k))
         {
+            return;
+        }
+        if text.len() <= SHORT_TEXT && !may_hold_secret(text.as_bytes()) {
             return;
         }
         let p = patterns::patterns();

@@ -213,6 +213,34 @@ fn next_trigger(bytes: &[u8], mut i: usize) -> Option<usize> {
         .map(|k| i + k)
 }
 
+/// Texts up to this many bytes are checked by [`may_hold_secret`] before
+/// the secrets regex runs. The check costs about 13 instructions a byte, a
+/// search of the regex about 450 whatever the length up to a few hundred
+/// bytes: 274 against 454 on 19 bytes, 439 against 525 on 32, 3,275
+/// against 526 on 256.
+pub(crate) const SHORT_TEXT: usize = 32;
+
+/// Whether `bytes` may hold a match of the secrets regex: one of its literal
+/// starts occurs (`sk-`, `sk_`/`rk_`, `gh?_`, `github_pat_`, `AKIA`/`ASIA`,
+/// `eyJ`, `-----BEGIN`, `://`). Necessary, not sufficient: one pass over
+/// the bytes, a closer look only at `-`, `_`, `:`, `A` and `J`.
+pub(crate) fn may_hold_secret(bytes: &[u8]) -> bool {
+    let ends_with = |i: usize, lit: &[u8]| i >= lit.len() && &bytes[i - lit.len()..i] == lit;
+    bytes.iter().enumerate().any(|(i, &b)| match b {
+        b'-' => ends_with(i, b"sk") || bytes[i..].starts_with(b"-----BEGIN"),
+        b'_' => {
+            ends_with(i, b"sk")
+                || ends_with(i, b"rk")
+                || (i >= 3 && &bytes[i - 3..i - 1] == b"gh")
+                || ends_with(i, b"github")
+        }
+        b':' => bytes[i + 1..].starts_with(b"//"),
+        b'A' => bytes[i + 1..].starts_with(b"KIA") || bytes[i + 1..].starts_with(b"SIA"),
+        b'J' => ends_with(i, b"ey"),
+        _ => false,
+    })
+}
+
 /// Calls `f` for each window of `text`, in order; windows never overlap.
 /// Windows whose byte range `wanted` rejects are skipped before their counts
 /// are taken.
@@ -329,6 +357,59 @@ mod tests {
         for_each_window("(020) 7946 0958 fe80::1", |_, _| true, |w| ws.push(*w));
         assert_eq!((ws[0].spaces, ws[0].parens, ws[0].max_run), (2, 2, 4));
         assert!(ws[1].double_colon);
+    }
+
+    #[test]
+    fn every_secret_start_is_seen_by_the_quick_check() {
+        let secrets = &crate::pii::patterns::patterns().secrets;
+        let starts = [
+            "sk-",
+            "sk_",
+            "rk_",
+            "ghp_",
+            "gho_",
+            "ghu_",
+            "ghs_",
+            "ghr_",
+            "github_pat_",
+            "AKIA",
+            "ASIA",
+            "eyJ",
+            "-----BEGIN",
+            "://",
+        ];
+        let tails = [
+            "",
+            "x",
+            "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789AbCdEf",
+            ".ab.cd",
+        ];
+        for start in starts {
+            for tail in tails {
+                for head in ["", " ", "x", "a-b "] {
+                    let text = format!("{head}{start}{tail}");
+                    assert!(may_hold_secret(text.as_bytes()), "{text}");
+                }
+            }
+        }
+        // Random texts over the literals' bytes: a regex match implies a hit.
+        let alphabet = b"skrgh_ipatubAKISJey-BEGIN:/. 0123456789";
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..20_000 {
+            let mut text = Vec::new();
+            for _ in 0..40 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                text.push(alphabet[(x % alphabet.len() as u64) as usize]);
+            }
+            let text = String::from_utf8(text).unwrap();
+            if secrets.is_match(&text) {
+                assert!(may_hold_secret(text.as_bytes()), "{text}");
+            }
+        }
+        assert!(!may_hold_secret(b"Where is order A-1? Ask Jo: at 10."));
+        assert!(!may_hold_secret(b""));
     }
 
     #[test]

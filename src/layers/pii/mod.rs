@@ -34,11 +34,17 @@
 //!   arguments and tool results, with one [`PiiSession`] per run, kept in the
 //!   run's context so placeholders stay the same from turn to turn. Masked
 //!   messages are kept too: each turn masks only the messages added since
-//!   the last (the whole history again only after a middleware edited it or
-//!   it was copied, which [`History::lineage`](crate::types::History::lineage)
-//!   tells in O(1)).
+//!   the last, which [`History::lineage`](crate::types::History::lineage)
+//!   tells in O(1). After a middleware edited the history, or copied it, the
+//!   messages before the first one that changed keep their masked form.
+//!   A service also remembers, across runs, the histories its engine found
+//!   clean (by lineage and length): such a history is sent as it is, without
+//!   a look at the run's state, and a run that continues it scans only what
+//!   was added.
 //! * **Restores** the placeholders in the model's answer and in its tool-call
-//!   arguments, so the user and the tools see the real values. Inside the
+//!   arguments, so the user and the tools see the real values. A call whose
+//!   history holds nothing to mask, or whose run has handed out no
+//!   placeholder yet, returns the answer untouched. Inside the
 //!   arguments' JSON strings a value is escaped for JSON
 //!   ([`PiiSession::restore_json`]): a multi-line key still parses, and one
 //!   masked from arguments ([`PiiSession::mask_json`]) comes back as it stood.
@@ -191,7 +197,9 @@
 //! ```
 
 mod layer;
+mod memo;
 mod service;
+mod stream;
 
 pub use crate::pii::{
     CustomDetector, Detection, PiiBlocked, PiiConfig, PiiEngine, PiiKind, PiiSession, Strategy,

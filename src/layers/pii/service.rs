@@ -1,97 +1,176 @@
 //! [`MaskPii`]: the PII engine as the innermost layer of the model stack.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use serde_json::json;
 use tower::Service;
 
+use super::memo::CleanMemo;
+use super::stream::Streamed;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::event::AgentEvent;
-use crate::pii::{PiiBlocked, PiiEngine, PiiSession, StreamRestorer};
-use crate::request::{DeltaSink, ModelCall};
-use crate::types::{ContentPart, History, Message, MessageContent, ModelDelta, ModelResponse};
+use crate::pii::{PiiBlocked, PiiEngine, PiiSession};
+use crate::request::ModelCall;
+use crate::types::{ContentPart, History, Message, MessageContent, ModelResponse};
 
 /// Masks PII in every message a model receives and restores it in what the
 /// model answers, streamed or not. See the [module docs](super).
+///
+/// # Clone
+///
+/// Clones share the engine and the memo of the histories found clean.
 #[derive(Debug, Clone)]
 pub struct MaskPii<S> {
     inner: S,
+    core: Arc<Core>,
+}
+
+/// What every clone of a [`MaskPii`] shares.
+struct Core {
     /// The engine, or why the layer's configuration could not build one.
     engine: Result<PiiEngine, Arc<str>>,
+    /// The histories this engine found clean, across runs.
+    clean: CleanMemo,
+}
+
+impl fmt::Debug for Core {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MaskPii")
+            .field("engine", &self.engine)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S> MaskPii<S> {
     /// Wraps `inner`, masking what `engine` detects.
     pub fn new(inner: S, engine: PiiEngine) -> Self {
-        Self {
-            inner,
-            engine: Ok(engine),
-        }
+        Self::from_built(inner, Ok(engine))
     }
 
     /// Wraps `inner` with what a layer's configuration built.
     pub(super) fn from_built(inner: S, engine: Result<PiiEngine, Arc<str>>) -> Self {
-        Self { inner, engine }
+        Self {
+            inner,
+            core: Arc::new(Core {
+                engine,
+                clean: CleanMemo::default(),
+            }),
+        }
     }
 
     inner_accessors!(inner: S);
 }
 
-/// One run's masking state, kept in the run's context: the placeholder map
-/// (so placeholders stay the same across turns) and the masked history (so
-/// unchanged messages are not masked again).
+/// One run's masking state, kept in the run's context.
+///
+/// `last` answers the usual call (the history as the last call had it)
+/// under the context's lock alone: no other lock, no copy. The rest, the
+/// placeholder map and the masked history, sits behind `shared`, locked only
+/// while messages are masked.
 #[derive(Clone)]
-struct RunPii(Arc<Mutex<RunPiiState>>);
+struct RunPii {
+    last: Option<Sent>,
+    shared: Arc<Mutex<RunPiiState>>,
+}
+
+/// What the last call of a run sent, keyed by its history's `(len, lineage)`.
+#[derive(Clone)]
+struct Sent {
+    len: usize,
+    lineage: u64,
+    /// The masked history; `None`: the run's own history went unchanged.
+    masked: Option<History>,
+    /// The session, when it had handed out placeholders to restore.
+    restore: Option<Arc<PiiSession>>,
+}
+
+impl Sent {
+    fn answers(&self, history: &History) -> bool {
+        self.len == history.len() && self.lineage == history.lineage()
+    }
+}
 
 struct RunPiiState {
     session: Arc<PiiSession>,
-    /// How many messages of the run's history `masked` covers.
-    source_len: usize,
-    /// The lineage of that history, to tell an append from an edit.
-    source_lineage: u64,
-    /// The masked history; `None` while masking changed nothing, so the
-    /// model gets the run's own history.
+    /// The history masked last: its lineage tells an append from an edit,
+    /// and after an edit its messages tell how many are still the same.
+    source: Option<History>,
+    /// The masked form of `source`; `None` while masking changed nothing,
+    /// so the model gets the run's own history.
     masked: Option<History>,
+    /// How many leading messages of `source` masking left unchanged.
+    clean: usize,
 }
 
-impl RunPii {
-    fn of(ctx: &RunContext, engine: &PiiEngine) -> RunPii {
-        ctx.with_state(|state| {
-            state
-                .get_or_insert_with(|| {
-                    RunPii(Arc::new(Mutex::new(RunPiiState {
-                        session: Arc::new(engine.session()),
-                        source_len: 0,
-                        source_lineage: 0,
-                        masked: None,
-                    })))
-                })
-                .clone()
-        })
-    }
+/// What one call sends: the masked history (`None`: the call's own history
+/// unchanged), how many values were masked in the messages added since the
+/// last call, and the session when its placeholders are to be restored.
+struct Masked {
+    history: Option<History>,
+    count: usize,
+    restore: Option<Arc<PiiSession>>,
+}
 
-    fn lock(&self) -> MutexGuard<'_, RunPiiState> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The usual call of a run: `history` is the one masked last time, as
-    /// it was. Answered without cloning the run's state out of the context.
-    fn unchanged(ctx: &RunContext, history: &History) -> Option<Masked> {
-        ctx.with_state(|state| {
-            let state = state.get::<RunPii>()?.lock();
-            (state.source_len == history.len() && state.source_lineage == history.lineage()).then(
-                || Masked {
-                    history: state.masked.clone(),
-                    count: 0,
-                    session: state.session.clone(),
-                },
-            )
+/// The usual call of a run: its history is the one the last call sent, as
+/// it was. Answered under the context's lock alone.
+#[inline]
+fn unchanged(ctx: &RunContext, history: &History) -> Option<Masked> {
+    ctx.with_state(|state| {
+        let sent = state.get::<RunPii>()?.last.as_ref()?;
+        sent.answers(history).then(|| Masked {
+            history: sent.masked.clone(),
+            count: 0,
+            restore: sent.restore.clone(),
         })
+    })
+}
+
+/// Masks what `history` added since the run's last call, and records what
+/// this call sends for the next one.
+fn mask_run(
+    ctx: &RunContext,
+    core: &Core,
+    engine: &PiiEngine,
+    history: &History,
+) -> Result<Masked, PiiBlocked> {
+    let shared = ctx.with_state(|state| {
+        state
+            .get_or_insert_with(|| RunPii {
+                last: None,
+                shared: Arc::new(Mutex::new(RunPiiState {
+                    session: Arc::new(engine.session()),
+                    source: None,
+                    masked: None,
+                    clean: 0,
+                })),
+            })
+            .shared
+            .clone()
+    });
+    // The run's lock, then the context's: the other way round nowhere.
+    let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
+    let known_clean = core.clean.clean_len(history.lineage()).min(history.len());
+    let mut masked = masked_history(&mut state, history, known_clean)?;
+    if masked.history.is_none() {
+        // Nothing to mask: nothing the model reads is a placeholder.
+        core.clean.record(history.lineage(), history.len());
+        masked.restore = None;
     }
+    ctx.with_state(|state| {
+        if let Some(run) = state.get_mut::<RunPii>() {
+            run.last = Some(Sent {
+                len: history.len(),
+                lineage: history.lineage(),
+                masked: masked.history.clone(),
+                restore: masked.restore.clone(),
+            });
+        }
+    });
+    Ok(masked)
 }
 
 /// Masks `message`, counting the values replaced: `None` when nothing in it
@@ -170,129 +249,81 @@ fn restore_message(session: &PiiSession, message: &mut Message) {
     }
 }
 
-/// What one call sends: the masked history (`None`: the call's own history
-/// unchanged), how many values were masked in the messages added since the
-/// last call, and the run's session.
-struct Masked {
-    history: Option<History>,
-    count: usize,
-    session: Arc<PiiSession>,
-}
-
 /// The masked history for this call: the run's masked history, extended by
-/// the messages added since the last call (all of it again after an edit).
-/// A message masking leaves unchanged is not copied; while none changed,
-/// no history is built at all.
-fn masked_history(run: &RunPii, history: &History) -> Result<Masked, PiiBlocked> {
-    let mut state = run.lock();
-    let state = &mut *state;
+/// the messages added since the last call. After an edit (or a copy) of the
+/// history, the messages before the first one that differs from what was
+/// masked last keep their masked form (comparing is far cheaper than
+/// scanning), and the rest is masked again. A message masking leaves
+/// unchanged is not copied; while none changed, no history is built at all.
+///
+/// `known_clean` leading messages are known to hold nothing to mask.
+fn masked_history(
+    state: &mut RunPiiState,
+    history: &History,
+    known_clean: usize,
+) -> Result<Masked, PiiBlocked> {
     let len = history.len();
-    let unchanged = state.source_len <= len && history.lineage() == state.source_lineage;
-    if !unchanged {
-        state.source_len = 0;
+    let mut kept = match &state.source {
+        Some(source) if source.lineage() == history.lineage() && source.len() <= len => {
+            source.len()
+        }
+        Some(source) => source
+            .iter()
+            .zip(history.iter())
+            .take_while(|(was, is)| was == is)
+            .count(),
+        None => 0,
+    };
+    if state.source.as_ref().is_some_and(|s| s.len() != kept) {
+        // Keep the masked form of the first `kept` messages only.
+        if kept <= state.clean {
+            state.masked = None;
+            state.clean = kept;
+        } else if let Some(masked) = &mut state.masked {
+            masked.truncate(kept);
+        }
+    }
+    if known_clean > kept {
+        // Masking leaves those messages as they are.
         state.masked = None;
+        state.clean = known_clean;
+        kept = known_clean;
     }
     let mut count = 0;
-    if state.source_len < len {
+    if kept < len {
         let mut changed: Vec<(usize, Message)> = Vec::new();
-        for (i, message) in history.iter().enumerate().skip(state.source_len) {
+        for (i, message) in history.iter().enumerate().skip(kept) {
             if let Some(masked) = mask_message(&state.session, message, &mut count)? {
                 changed.push((i, masked));
             }
         }
-        if !changed.is_empty() || state.masked.is_some() {
-            let source_len = state.source_len;
-            let masked = state.masked.get_or_insert_with(|| {
-                let mut prefix = history.clone();
-                prefix.truncate(source_len);
-                prefix
-            });
-            let mut changed = changed.into_iter().peekable();
-            masked.extend(history.iter().enumerate().skip(source_len).map(|(i, m)| {
-                match changed.next_if(|(j, _)| *j == i) {
-                    Some((_, masked)) => masked,
-                    None => m.clone(),
+        match changed.first() {
+            None if state.masked.is_none() => state.clean = len,
+            first => {
+                if state.masked.is_none() {
+                    state.clean = first.map_or(len, |(i, _)| *i);
                 }
-            }));
+                let masked = state.masked.get_or_insert_with(|| {
+                    let mut prefix = history.clone();
+                    prefix.truncate(kept);
+                    prefix
+                });
+                let mut changed = changed.into_iter().peekable();
+                masked.extend(history.iter().enumerate().skip(kept).map(|(i, m)| {
+                    match changed.next_if(|(j, _)| *j == i) {
+                        Some((_, masked)) => masked,
+                        None => m.clone(),
+                    }
+                }));
+            }
         }
-        state.source_len = len;
-        state.source_lineage = history.lineage();
     }
+    state.source = Some(history.clone());
     Ok(Masked {
         history: state.masked.clone(),
         count,
-        session: state.session.clone(),
+        restore: (!state.session.is_empty()).then(|| state.session.clone()),
     })
-}
-
-/// Restores streamed deltas through hold-back buffers: one for the text, one
-/// per tool call's arguments.
-struct StreamState {
-    text: StreamRestorer,
-    calls: HashMap<usize, StreamRestorer>,
-}
-
-fn restoring_sink(
-    sink: DeltaSink,
-    session: Arc<PiiSession>,
-) -> (DeltaSink, Arc<Mutex<StreamState>>) {
-    let state = Arc::new(Mutex::new(StreamState {
-        text: session.stream_restorer(),
-        calls: HashMap::new(),
-    }));
-    let shared = state.clone();
-    let restoring = sink.wrap(move |sink, delta| {
-        let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
-        match delta {
-            ModelDelta::Text { text } => {
-                let out = state.text.push(text);
-                if !out.is_empty() {
-                    sink.send(&ModelDelta::Text { text: out });
-                }
-            }
-            ModelDelta::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            } => {
-                let restorer = state
-                    .calls
-                    .entry(*index)
-                    .or_insert_with(|| session.json_stream_restorer());
-                sink.send(&ModelDelta::ToolCall {
-                    index: *index,
-                    id: id.clone(),
-                    name: name.clone(),
-                    arguments: restorer.push(arguments),
-                });
-            }
-            other => sink.send(other),
-        }
-    });
-    (restoring, state)
-}
-
-/// Sends what the restorers still hold.
-fn flush(sink: &DeltaSink, state: &Mutex<StreamState>, session: &Arc<PiiSession>) {
-    let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
-    let text = std::mem::replace(&mut state.text, session.stream_restorer()).finish();
-    if !text.is_empty() {
-        sink.send(&ModelDelta::Text { text });
-    }
-    let mut calls: Vec<_> = state.calls.drain().collect();
-    calls.sort_by_key(|(index, _)| *index);
-    for (index, restorer) in calls {
-        let arguments = restorer.finish();
-        if !arguments.is_empty() {
-            sink.send(&ModelDelta::ToolCall {
-                index,
-                id: None,
-                name: None,
-                arguments,
-            });
-        }
-    }
 }
 
 impl<S> Service<ModelCall> for MaskPii<S>
@@ -310,45 +341,79 @@ where
 
     #[inline]
     fn call(&mut self, mut call: ModelCall) -> Self::Future {
-        let engine = match &self.engine {
-            Ok(engine) => engine,
-            Err(message) => {
-                let err: BoxError = Box::new(AgentError::Config(message.to_string()));
-                return future::ResponseFuture::blocked(err);
+        let core = &*self.core;
+        let history = &call.request.messages;
+        // A history this engine found clean: sent as it is, nothing to
+        // restore, the run's state not even looked at.
+        let prepared =
+            if core.engine.is_ok() && core.clean.clean_len(history.lineage()) >= history.len() {
+                Ok(Prepared::default())
+            } else {
+                prepare(core, &mut call)
+            };
+        match prepared {
+            Ok(Prepared { restore, stream }) => {
+                future::ResponseFuture::new(self.inner.call(call), restore, stream)
             }
-        };
-        let masked = match RunPii::unchanged(&call.context, &call.request.messages) {
-            Some(masked) => masked,
-            None => {
-                let run = RunPii::of(&call.context, engine);
-                match masked_history(&run, &call.request.messages) {
-                    Ok(masked) => masked,
-                    Err(blocked) => return future::ResponseFuture::blocked(blocked_error(blocked)),
-                }
-            }
-        };
-        let Masked {
-            history,
-            count,
-            session,
-        } = masked;
-        if count > 0 {
-            let ctx = &call.context;
-            ctx.emit(|| AgentEvent::PiiMasked {
-                run_id: ctx.run_id().clone(),
-                count,
-            });
+            Err(err) => future::ResponseFuture::blocked(err),
         }
-        if let Some(history) = history {
-            call.request.messages = history;
-        }
-        let stream = call.stream.take().map(|sink| {
-            let (restoring, state) = restoring_sink(sink.clone(), session.clone());
-            call.stream = Some(restoring);
-            (sink, state)
-        });
-        future::ResponseFuture::new(self.inner.call(call), session, stream)
     }
+}
+
+/// What a call's answer needs: the session to restore from (`None`: the
+/// request held no placeholder), and a streamed call's restoring.
+#[derive(Default)]
+struct Prepared {
+    restore: Option<Arc<PiiSession>>,
+    stream: Option<Arc<Streamed>>,
+}
+
+/// Masks `call`'s history (what the run's last call did not cover) and
+/// wraps its stream when there is something to restore. Kept out of
+/// [`MaskPii::call`], so that stays small enough to inline.
+#[inline(never)]
+fn prepare(core: &Core, call: &mut ModelCall) -> Result<Prepared, BoxError> {
+    let engine = match &core.engine {
+        Ok(engine) => engine,
+        Err(message) => return Err(Box::new(AgentError::Config(message.to_string()))),
+    };
+    let masked = match unchanged(&call.context, &call.request.messages) {
+        Some(masked) => masked,
+        None => {
+            mask_run(&call.context, core, engine, &call.request.messages).map_err(blocked_error)?
+        }
+    };
+    let Masked {
+        history,
+        count,
+        restore,
+    } = masked;
+    if count > 0 {
+        let ctx = &call.context;
+        ctx.emit(|| AgentEvent::PiiMasked {
+            run_id: ctx.run_id().clone(),
+            count,
+        });
+    }
+    // Changing the call copies its parts when they are shared: only what
+    // changes is touched.
+    if let Some(history) = history {
+        call.request.messages = history;
+    }
+    // No placeholder handed out: the answer holds nothing to restore,
+    // streamed or not.
+    let stream = match &restore {
+        Some(session) if call.stream.is_some() => {
+            let call = &mut **call;
+            call.stream.take().map(|sink| {
+                let (restoring, streamed) = Streamed::wrap(sink, session.clone());
+                call.stream = Some(restoring);
+                streamed
+            })
+        }
+        _ => None,
+    };
+    Ok(Prepared { restore, stream })
 }
 
 /// The tripwire of a conversation holding PII of a blocked kind.
@@ -370,22 +435,19 @@ pub mod future {
     use std::fmt;
     use std::future::Future;
     use std::pin::Pin;
-    use std::sync::{Arc, Mutex};
-    use std::task::{ready, Context, Poll};
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
 
     use pin_project_lite::pin_project;
 
-    use super::{flush, restore_message, PiiSession, StreamState};
+    use super::{restore_message, PiiSession, Streamed};
     use crate::error::BoxError;
-    use crate::request::DeltaSink;
     use crate::types::ModelResponse;
-
-    /// The caller's sink and the restorers feeding it.
-    pub(super) type Stream = (DeltaSink, Arc<Mutex<StreamState>>);
 
     pin_project! {
         /// The response future of [`MaskPii`](super::MaskPii): the inner
-        /// call, then the answer's placeholders restored.
+        /// call, then the answer's placeholders restored. Two words more
+        /// than the inner future.
         pub struct ResponseFuture<F> {
             #[pin]
             state: State<F>,
@@ -398,8 +460,10 @@ pub mod future {
             Calling {
                 #[pin]
                 future: F,
-                session: Arc<PiiSession>,
-                stream: Option<Stream>,
+                // The session, when the request held its placeholders.
+                restore: Option<Arc<PiiSession>>,
+                // The restoring of a streamed call, to flush at its end.
+                stream: Option<Arc<Streamed>>,
             },
             Blocked {
                 error: Option<BoxError>,
@@ -409,11 +473,15 @@ pub mod future {
 
     impl<F> ResponseFuture<F> {
         #[inline]
-        pub(super) fn new(future: F, session: Arc<PiiSession>, stream: Option<Stream>) -> Self {
+        pub(super) fn new(
+            future: F,
+            restore: Option<Arc<PiiSession>>,
+            stream: Option<Arc<Streamed>>,
+        ) -> Self {
             Self {
                 state: State::Calling {
                     future,
-                    session,
+                    restore,
                     stream,
                 },
             }
@@ -438,24 +506,23 @@ pub mod future {
             match self.project().state.project() {
                 StateProj::Calling {
                     future,
-                    session,
+                    restore,
                     stream,
                 } => {
-                    let result = ready!(future.poll(cx));
-                    if let Some((sink, state)) = stream.take() {
-                        flush(&sink, &state, session);
+                    if restore.is_none() && stream.is_none() {
+                        return future.poll(cx).map_err(Into::into);
                     }
-                    Poll::Ready(match result {
-                        Ok(mut response) => {
-                            // A session that handed out no placeholder has
-                            // nothing to restore.
-                            if !session.is_empty() {
-                                restore_message(session, &mut response.message);
-                            }
-                            Ok(response)
+                    // Changed in place: the answer is not moved about.
+                    let mut poll = future.poll(cx).map_err(Into::into);
+                    if poll.is_ready() {
+                        if let Some(stream) = stream.take() {
+                            stream.flush();
                         }
-                        Err(err) => Err(err.into()),
-                    })
+                        if let (Some(session), Poll::Ready(Ok(response))) = (restore, &mut poll) {
+                            restore_message(session, &mut response.message);
+                        }
+                    }
+                    poll
                 }
                 StateProj::Blocked { error } => {
                     Poll::Ready(Err(error.take().unwrap_or_else(|| {
@@ -472,3 +539,7 @@ pub mod future {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;
