@@ -12,7 +12,7 @@ use super::handoff::find_agent;
 use super::inbox::Inbox;
 use super::observe::{InSpan, ModelCallObserver, RunObserver};
 use super::state::{classify, Run};
-use super::tools::Step;
+use super::tools::{Step, StepCalls};
 use super::Config;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
@@ -132,6 +132,7 @@ async fn start(config: Arc<Config>, request: RunRequest) -> Result<Started, Agen
             .map(|p| (p.index, p.call.clone()))
             .collect();
         let completed = checkpoint.completed.clone();
+        let calls = StepCalls::Listed(calls);
         if let Step::Paused(checkpoint) = run.tool_step(calls, &decisions, true, completed).await? {
             let paused = run.snapshot(RunStatus::Paused(checkpoint), String::new(), None);
             return Ok(Started::Ended(paused));
@@ -296,10 +297,10 @@ impl Run {
                     call.id = format!("call_{turn}_{}", i + 1);
                 }
             }
-            let calls: Vec<(usize, _)> = message.tool_calls.iter().cloned().enumerate().collect();
+            let has_calls = !message.tool_calls.is_empty();
             self.messages.push(message);
 
-            if calls.is_empty() {
+            if !has_calls {
                 let last = self.messages.last().expect("just pushed");
                 let text = last.text().into_owned();
                 if let Some(hooks) = &self.hooks {
@@ -342,12 +343,19 @@ impl Run {
 
             self.continuations = 0;
             let (calls, answered) = if self.config.handoffs.is_empty() {
-                (calls, Vec::new())
+                // The calls are read where they are, in the conversation.
+                (StepCalls::Last(self.messages.clone()), Vec::new())
             } else {
+                let calls = self
+                    .messages
+                    .last()
+                    .map(|m| m.tool_calls.iter().cloned().enumerate().collect())
+                    .unwrap_or_default();
                 // Boxed: an agent without handoffs does not carry its state.
-                Box::pin(self.answer_handoffs(calls)).await?
+                let (calls, answered) = Box::pin(self.answer_handoffs(calls)).await?;
+                (StepCalls::Listed(calls), answered)
             };
-            if calls.is_empty() {
+            if matches!(&calls, StepCalls::Listed(calls) if calls.is_empty()) {
                 // Only handoffs: their answers, in call order.
                 self.messages.extend(answered.into_iter().map(|(_, m)| m));
             } else if let Step::Paused(checkpoint) =

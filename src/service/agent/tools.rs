@@ -1,8 +1,9 @@
 //! One step's tool calls: verdicts, approvals, dispatch, results in order.
 
+use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
 
-use futures::future::{try_join_all, BoxFuture};
+use futures::future::{try_join_all, BoxFuture, Either};
 use futures::FutureExt;
 use tower::ServiceExt;
 use tracing::Instrument;
@@ -12,12 +13,11 @@ use super::state::{classify, Run};
 use super::ToolFlags;
 use crate::error::{attribute_tripwire, panic_message, AgentError};
 use crate::event::AgentEvent;
-use crate::hooks::{
-    HookFuture, Notification, StickyApprovals, ToolCallResult, ToolDecision, ToolVerdict,
-};
+use crate::hooks::{Notification, StickyApprovals, ToolCallResult, ToolDecision, ToolVerdict};
 use crate::request::{tool_failure, ToolInvocation, ToolOutput};
 use crate::types::{
-    arguments_hash, ApprovalDecision, Checkpoint, Message, PendingCall, StickyApproval, ToolCall,
+    arguments_hash, ApprovalDecision, Checkpoint, History, Message, PendingCall, StickyApproval,
+    ToolCall,
 };
 
 /// How a step ended.
@@ -28,11 +28,22 @@ pub(super) enum Step {
     Paused(Box<Checkpoint>),
 }
 
-enum Outcome {
+/// The calls a step runs.
+pub(super) enum StepCalls {
+    /// Every call of the last message of this handle to the conversation,
+    /// read in place: the handle is dropped before the results are appended,
+    /// so appending copies nothing.
+    Last(History),
+    /// These calls, each with its index among the turn's calls.
+    Listed(Vec<(usize, ToolCall)>),
+}
+
+enum Outcome<'a> {
     /// The call has its result; `ran` tells whether the tool was called.
     Done {
         index: usize,
-        call: ToolCall,
+        /// The call, with any arguments a hook rewrote.
+        call: Cow<'a, ToolCall>,
         output: ToolOutput,
         ran: bool,
     },
@@ -45,7 +56,7 @@ impl Run {
     /// results of the same step from before a pause.
     pub(super) fn tool_step<'a>(
         &'a mut self,
-        calls: Vec<(usize, ToolCall)>,
+        calls: StepCalls,
         decisions: &'a [ApprovalDecision],
         resumed: bool,
         completed: Vec<(usize, Message)>,
@@ -55,15 +66,22 @@ impl Run {
 
     async fn run_step(
         &mut self,
-        calls: Vec<(usize, ToolCall)>,
+        source: StepCalls,
         decisions: &[ApprovalDecision],
         resumed: bool,
         mut completed: Vec<(usize, Message)>,
     ) -> Result<Step, AgentError> {
+        let calls: Vec<(usize, &ToolCall)> = match &source {
+            StepCalls::Last(history) => history
+                .last()
+                .map(|m| m.tool_calls.iter().enumerate().collect())
+                .unwrap_or_default(),
+            StepCalls::Listed(calls) => calls.iter().map(|(i, call)| (*i, call)).collect(),
+        };
         let outcomes = if self.config.parallel_tool_calls && calls.len() > 1 {
             // Boxed: a `Vec` of borrowing `async fn` futures trips rustc's
             // `Send` inference (rust-lang/rust#102211).
-            let mut futures: Vec<BoxFuture<'_, Result<Outcome, AgentError>>> =
+            let mut futures: Vec<BoxFuture<'_, Result<Outcome<'_>, AgentError>>> =
                 Vec::with_capacity(calls.len());
             for (index, call) in calls {
                 let decision = find_decision(decisions, &call.id);
@@ -74,13 +92,18 @@ impl Run {
             let mut outcomes = Vec::with_capacity(calls.len());
             for (index, call) in calls {
                 let decision = find_decision(decisions, &call.id);
-                outcomes.push(self.one_call(index, call, decision, resumed).await?);
+                outcomes.push(
+                    self.decide_and_invoke(index, call, decision, resumed)
+                        .await?,
+                );
             }
             outcomes
         };
 
         let mut pending = Vec::new();
-        let mut results = Vec::with_capacity(outcomes.len());
+        // What `after_tool_batch` reads: kept only for hooks that read it.
+        let mut results = Vec::new();
+        let keep_results = self.hooks.is_some();
         for outcome in outcomes {
             match outcome {
                 Outcome::Done {
@@ -92,7 +115,12 @@ impl Run {
                     self.counters.tool_calls += u32::from(ran);
                     let content = self.config.limits.cap_result(&output.content);
                     completed.push((index, Message::tool(call.id.as_str(), content)));
-                    results.push(ToolCallResult { call, output });
+                    if keep_results {
+                        results.push(ToolCallResult {
+                            call: call.into_owned(),
+                            output,
+                        });
+                    }
                 }
                 Outcome::Deferred(call) => pending.push(call),
             }
@@ -117,6 +145,9 @@ impl Run {
             return Ok(Step::Paused(Box::new(self.checkpoint(completed, pending))));
         }
 
+        // The conversation is this run's alone again: the results are
+        // appended in place.
+        drop(source);
         self.messages.extend(completed.into_iter().map(|(_, m)| m));
         if let Some(hooks) = &self.hooks {
             hooks
@@ -127,24 +158,25 @@ impl Run {
         Ok(Step::Done)
     }
 
-    fn one_call(
-        &self,
+    fn one_call<'s, 'c: 's>(
+        &'s self,
         index: usize,
-        call: ToolCall,
+        call: &'c ToolCall,
         decision: Option<ApprovalDecision>,
         resumed: bool,
-    ) -> BoxFuture<'_, Result<Outcome, AgentError>> {
+    ) -> BoxFuture<'s, Result<Outcome<'c>, AgentError>> {
         Box::pin(self.decide_and_invoke(index, call, decision, resumed))
     }
 
-    async fn decide_and_invoke(
+    async fn decide_and_invoke<'c>(
         &self,
         index: usize,
-        mut call: ToolCall,
+        call: &'c ToolCall,
         decision: Option<ApprovalDecision>,
         resumed: bool,
-    ) -> Result<Outcome, AgentError> {
+    ) -> Result<Outcome<'c>, AgentError> {
         let ctx = &self.ctx;
+        let mut call = Cow::Borrowed(call);
         if let Some(refusal) = self
             .config
             .limits
@@ -166,7 +198,7 @@ impl Run {
             None => ToolVerdict::default(),
         };
         if let Some(arguments) = &verdict.updated_arguments {
-            call.arguments = arguments.to_string();
+            call.to_mut().arguments = arguments.to_string();
         }
         if verdict.decision != ToolDecision::Continue {
             self.log_decision(
@@ -181,7 +213,7 @@ impl Run {
             .get(&call.name)
             .copied()
             .unwrap_or_default();
-        let done = move |call: ToolCall, output: ToolOutput| Outcome::Done {
+        let done = move |call: Cow<'c, ToolCall>, output: ToolOutput| Outcome::Done {
             index,
             call,
             output,
@@ -201,7 +233,7 @@ impl Run {
                 return Ok(Outcome::Deferred(PendingCall {
                     index,
                     arguments_hash: arguments_hash(&call.arguments),
-                    call,
+                    call: call.into_owned(),
                 }));
             }
             (ToolDecision::Ask | ToolDecision::AskUnlessAllowed, _) => self.ask(&call).await?,
@@ -218,7 +250,7 @@ impl Run {
             Approval::Approved => true,
             Approval::NotAsked => false,
         };
-        let output = self.invoke(call.clone(), approved, flags).await?;
+        let output = self.invoke(&call, approved, flags).await?;
         Ok(Outcome::Done {
             index,
             call,
@@ -230,12 +262,12 @@ impl Run {
     /// Sends the call down the tool stack, bracketed by its events.
     async fn invoke(
         &self,
-        call: ToolCall,
+        call: &ToolCall,
         approved: bool,
         flags: ToolFlags,
     ) -> Result<ToolOutput, AgentError> {
-        let observer = ToolCallObserver::open(&self.ctx, &self.config.name, &call);
-        match self.dispatch(&call, approved, flags, observer.span()).await {
+        let observer = ToolCallObserver::open(&self.ctx, &self.config.name, call);
+        match self.dispatch(call, approved, flags, observer.span()).await {
             Ok((output, panic)) => {
                 observer.completed(&output, panic);
                 Ok(output)
@@ -261,10 +293,16 @@ impl Run {
         let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
         invocation.approved = approved;
         invocation.idempotent = flags.idempotent;
-        let tools = self.config.tools.clone();
-        let fut: HookFuture<'_, ToolOutput> = match &self.hooks {
-            Some(hooks) => hooks.wrap_tool(invocation, tools),
-            None => HookFuture::new(tools.oneshot(invocation)),
+        // Without hooks, the call goes straight to the tool stack, or to
+        // the router when no tool layer wraps it: nothing boxed on the way.
+        let fut = match (&self.hooks, &self.config.router) {
+            (Some(hooks), _) => {
+                Either::Left(hooks.wrap_tool(invocation, self.config.tools.clone()))
+            }
+            (None, Some(router)) => Either::Right(Either::Left(router.clone().oneshot(invocation))),
+            (None, None) => {
+                Either::Right(Either::Right(self.config.tools.clone().oneshot(invocation)))
+            }
         };
         let result = ctx
             .race(AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind())
