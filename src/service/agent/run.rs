@@ -102,18 +102,15 @@ async fn start(config: Arc<Config>, request: RunRequest) -> Result<Started, Agen
     }
     let has_history = !history.is_empty();
     let resumed = matches!(input, RunInput::Resume { .. });
-    let mut run = Run::new(config, ctx, hooks, stream, extensions);
+    // The request's history is the conversation from the start: a new run
+    // appends to it, a resumed one replaces it with the checkpoint's.
+    let mut run = Run::new(config, ctx, hooks, stream, extensions, history);
     run.inbox = inbox;
     // `before_agent` comes first, before the input guard.
     let start_context = run.start_hooks(resumed, has_history).await?;
     let resume = match input {
         RunInput::Message(input) => {
-            let history = if history.is_empty() {
-                run.ctx.take_provided_history().unwrap_or(history)
-            } else {
-                history
-            };
-            run.begin(input, history).await?;
+            run.begin(input).await?;
             None
         }
         RunInput::Resume {
@@ -148,7 +145,13 @@ impl Run {
     /// A history that already starts with the system prompt (the transcript
     /// of an earlier run of this agent) is used as it is, so a long thread
     /// costs nothing to continue.
-    async fn begin(&mut self, mut input: Message, mut messages: History) -> Result<(), AgentError> {
+    async fn begin(&mut self, mut input: Message) -> Result<(), AgentError> {
+        if self.messages.is_empty() {
+            if let Some(provided) = self.ctx.take_provided_history() {
+                self.messages = provided;
+            }
+        }
+        let messages = &mut self.messages;
         if let Some(instructions) = &self.config.instructions {
             let starts_with_prompt = messages
                 .first()
@@ -158,7 +161,7 @@ impl Run {
                 // conversation of a one-turn run is never grown.
                 let mut first = Vec::with_capacity(3);
                 first.push(Message::system(instructions.as_str()));
-                messages = History::from(first);
+                *messages = History::from(first);
             } else if !starts_with_prompt {
                 messages
                     .to_mut()
@@ -167,14 +170,13 @@ impl Run {
         }
         let added = match &self.hooks {
             Some(hooks) => hooks
-                .before_run(&self.ctx, &mut input, &messages)
+                .before_run(&self.ctx, &mut input, &self.messages)
                 .await
                 .map_err(classify)?,
             None => Vec::new(),
         };
-        messages.push(input);
-        messages.extend(added.into_iter().map(Message::system));
-        self.messages = messages;
+        self.messages.push(input);
+        self.messages.extend(added.into_iter().map(Message::system));
         Ok(())
     }
 

@@ -37,19 +37,20 @@ pub(super) struct Run {
 }
 
 impl Run {
-    /// A run with an empty conversation.
+    /// A run of the conversation `messages`.
     pub(super) fn new(
         config: Arc<Config>,
         ctx: RunContext,
         hooks: Option<Arc<dyn HookPort>>,
         stream: Option<DeltaSink>,
         extensions: http::Extensions,
+        messages: History,
     ) -> Self {
         Self {
             config,
             ctx,
             hooks,
-            messages: History::new(),
+            messages,
             ephemeral: Vec::new(),
             stream,
             extensions,

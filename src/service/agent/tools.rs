@@ -38,6 +38,70 @@ pub(super) enum StepCalls {
     Listed(Vec<(usize, ToolCall)>),
 }
 
+impl StepCalls {
+    /// How many calls.
+    fn len(&self) -> usize {
+        match self {
+            StepCalls::Last(history) => history.last().map_or(0, |m| m.tool_calls.len()),
+            StepCalls::Listed(calls) => calls.len(),
+        }
+    }
+
+    /// The calls, each with its index among the turn's calls.
+    fn iter(&self) -> impl Iterator<Item = (usize, &ToolCall)> {
+        let (last, listed) = match self {
+            StepCalls::Last(history) => (history.last().map(|m| m.tool_calls.iter()), None),
+            StepCalls::Listed(calls) => (None, Some(calls.iter())),
+        };
+        let last = last.into_iter().flat_map(|calls| calls.enumerate());
+        let listed = listed
+            .into_iter()
+            .flat_map(|calls| calls.map(|(index, call)| (*index, call)));
+        last.chain(listed)
+    }
+}
+
+/// What a step's outcomes add up to, besides the results for the model.
+struct Collected {
+    pending: Vec<PendingCall>,
+    results: Vec<ToolCallResult>,
+    keep_results: bool,
+}
+
+impl Collected {
+    /// Takes one call's outcome: its result goes to `completed`.
+    fn add(&mut self, run: &mut Run, outcome: Outcome<'_>, completed: &mut Vec<(usize, Message)>) {
+        match outcome {
+            Outcome::Done {
+                index,
+                call,
+                output,
+                ran,
+            } => {
+                run.counters.tool_calls += u32::from(ran);
+                let limits = &run.config.limits;
+                if self.keep_results {
+                    let content = limits.cap_result(&output.content);
+                    completed.push((index, Message::tool(call.id.as_str(), content)));
+                    self.results.push(ToolCallResult {
+                        call: call.into_owned(),
+                        output,
+                    });
+                } else {
+                    // Nobody reads the output after this: its content moves,
+                    // unless it is cut.
+                    let content = match limits.cap_result(&output.content) {
+                        Cow::Borrowed(_) => output.content,
+                        Cow::Owned(cut) => cut,
+                    };
+                    completed.push((index, Message::tool(call.id.as_str(), content)));
+                }
+            }
+            Outcome::Deferred(call) => self.pending.push(call),
+        }
+    }
+}
+
 enum Outcome<'a> {
     /// The call has its result; `ran` tells whether the tool was called.
     Done {
@@ -71,60 +135,37 @@ impl Run {
         resumed: bool,
         mut completed: Vec<(usize, Message)>,
     ) -> Result<Step, AgentError> {
-        let calls: Vec<(usize, &ToolCall)> = match &source {
-            StepCalls::Last(history) => history
-                .last()
-                .map(|m| m.tool_calls.iter().enumerate().collect())
-                .unwrap_or_default(),
-            StepCalls::Listed(calls) => calls.iter().map(|(i, call)| (*i, call)).collect(),
+        let keep_results = self.hooks.is_some();
+        let mut step = Collected {
+            pending: Vec::new(),
+            // What `after_tool_batch` reads: kept only for hooks that read it.
+            results: Vec::new(),
+            keep_results,
         };
-        let outcomes = if self.config.parallel_tool_calls && calls.len() > 1 {
+        if self.config.parallel_tool_calls && source.len() > 1 {
             // Boxed: a `Vec` of borrowing `async fn` futures trips rustc's
             // `Send` inference (rust-lang/rust#102211).
             let mut futures: Vec<BoxFuture<'_, Result<Outcome<'_>, AgentError>>> =
-                Vec::with_capacity(calls.len());
-            for (index, call) in calls {
+                Vec::with_capacity(source.len());
+            for (index, call) in source.iter() {
                 let decision = find_decision(decisions, &call.id);
                 futures.push(self.one_call(index, call, decision, resumed));
             }
-            try_join_all(futures).await?
-        } else {
-            let mut outcomes = Vec::with_capacity(calls.len());
-            for (index, call) in calls {
-                let decision = find_decision(decisions, &call.id);
-                outcomes.push(
-                    self.decide_and_invoke(index, call, decision, resumed)
-                        .await?,
-                );
+            for outcome in try_join_all(futures).await? {
+                step.add(self, outcome, &mut completed);
             }
-            outcomes
-        };
-
-        let mut pending = Vec::new();
-        // What `after_tool_batch` reads: kept only for hooks that read it.
-        let mut results = Vec::new();
-        let keep_results = self.hooks.is_some();
-        for outcome in outcomes {
-            match outcome {
-                Outcome::Done {
-                    index,
-                    call,
-                    output,
-                    ran,
-                } => {
-                    self.counters.tool_calls += u32::from(ran);
-                    let content = self.config.limits.cap_result(&output.content);
-                    completed.push((index, Message::tool(call.id.as_str(), content)));
-                    if keep_results {
-                        results.push(ToolCallResult {
-                            call: call.into_owned(),
-                            output,
-                        });
-                    }
-                }
-                Outcome::Deferred(call) => pending.push(call),
+        } else {
+            for (index, call) in source.iter() {
+                let decision = find_decision(decisions, &call.id);
+                let outcome = self
+                    .decide_and_invoke(index, call, decision, resumed)
+                    .await?;
+                step.add(self, outcome, &mut completed);
             }
         }
+        let Collected {
+            pending, results, ..
+        } = step;
         completed.sort_by_key(|(index, _)| *index);
 
         if !pending.is_empty() {
