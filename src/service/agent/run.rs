@@ -79,8 +79,10 @@ async fn proceed(
 
 /// How a run's start ended.
 enum Started {
-    /// The run goes on to its turns.
-    Running(Run),
+    /// The run goes on to its turns. Boxed: the run's future stays under
+    /// the size past which the allocator tidies its free lists on every
+    /// run (1,000 bytes: 1,064 with the state inline).
+    Running(Box<Run>),
     /// A resumed run paused again in the step it resumed.
     Ended(AgentRun),
 }
@@ -136,7 +138,7 @@ async fn start(config: Arc<Config>, request: RunRequest) -> Result<Started, Agen
         }
         run.finish_handoff()?;
     }
-    Ok(Started::Running(run))
+    Ok(Started::Running(Box::new(run)))
 }
 
 impl Run {
@@ -515,7 +517,9 @@ mod tests {
 
     /// Every suspended run holds its future: 2,936 bytes before the run's
     /// start moved to a future of its own and the model call stopped
-    /// holding its request, its hooks' answer and a deadline timer inline.
+    /// holding its request, its hooks' answer and a deadline timer inline;
+    /// 1,120 before the run's state and a decided handoff went to the heap.
+    /// Under 1,000 bytes, the allocator serves it from its small bins.
     #[test]
     fn a_run_future_stays_small() {
         let agent = Agent::builder("small")
@@ -525,6 +529,6 @@ mod tests {
             .unwrap();
         let run = run(agent.config.clone(), RunRequest::new("hi"));
         let bytes = std::mem::size_of_val(&run);
-        assert!(bytes <= 1280, "the run future takes {bytes} bytes");
+        assert!(bytes <= 1000, "the run future takes {bytes} bytes");
     }
 }
