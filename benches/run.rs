@@ -1,12 +1,18 @@
 //! A 3-turn run (model → tool → model → tool → model) on ScriptedModel,
 //! against a minimal loop written directly on tower (the floor).
+//!
+//! For instruction counts, which hold still on a busy machine:
+//! `BENCH_CASE=agent_no_middleware BENCH_RUNS=1000 valgrind --tool=callgrind
+//! target/release/deps/run-…` runs one case that many times without
+//! criterion; the difference between two run counts, divided by the
+//! difference in runs, is the instructions per run.
 
 use std::convert::Infallible;
 
-use criterion::{criterion_group, criterion_main, Criterion};
-use tower::{service_fn, Layer, ServiceExt};
-use tower_agent::lifecycle::{LifecycleLayer, LoggingMiddleware, MiddlewareStack};
-use tower_agent::types::{Message, ToolCall};
+use criterion::{criterion_group, Criterion};
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_agent::lifecycle::{Lifecycle, LifecycleLayer, LoggingMiddleware, MiddlewareStack};
+use tower_agent::types::{AgentRun, Message, ToolCall};
 use tower_agent::{Agent, RunRequest};
 
 #[path = "common/mod.rs"]
@@ -41,22 +47,61 @@ async fn raw_tower_run() -> usize {
     }
 }
 
-fn run(c: &mut Criterion) {
-    let rt = common::runtime();
-    let agent = Agent::builder("bench")
+/// The agent with no middleware.
+fn bare_agent() -> Agent {
+    Agent::builder("bench")
         .model(common::three_turn_model())
         .tools(common::lookup_tools())
         .build()
+        .unwrap()
+}
+
+/// The full stack: the default model layers (a cache miss every turn: each
+/// run asks something new) and a lifecycle layer with one middleware.
+fn full_stack() -> Lifecycle<Agent> {
+    let agent = Agent::builder("bench")
+        .model(common::default_stack(common::three_turn_model(), true))
+        .tools(common::lookup_tools())
+        .build()
         .unwrap();
-    // The full stack: the default model layers (a cache miss every turn:
-    // each run asks something new) and a lifecycle layer with one middleware.
-    let full = LifecycleLayer::new(MiddlewareStack::new().push(LoggingMiddleware::new())).layer(
-        Agent::builder("bench")
-            .model(common::default_stack(common::three_turn_model(), true))
-            .tools(common::lookup_tools())
-            .build()
-            .unwrap(),
-    );
+    LifecycleLayer::new(MiddlewareStack::new().push(LoggingMiddleware::new())).layer(agent)
+}
+
+/// `BENCH_CASE` run `BENCH_RUNS` times, without criterion: for callgrind.
+/// Each run asks something new, as in the group.
+fn counted_runs(case: &str, runs: usize) {
+    let rt = common::runtime();
+    match case {
+        "raw_tower_loop" => rt.block_on(async {
+            for _ in 0..runs {
+                raw_tower_run().await;
+            }
+        }),
+        "agent_no_middleware" => rt.block_on(agent_runs(bare_agent(), runs)),
+        "agent_full_default_stack" => rt.block_on(agent_runs(full_stack(), runs)),
+        _ => panic!("BENCH_CASE names a case of the group"),
+    }
+}
+
+/// `runs` runs of `service`, as the group makes them.
+async fn agent_runs<S>(service: S, runs: usize)
+where
+    S: Service<RunRequest, Response = AgentRun> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    for n in 0..runs {
+        service
+            .clone()
+            .oneshot(RunRequest::new(format!("question {n}")))
+            .await
+            .unwrap();
+    }
+}
+
+fn run(c: &mut Criterion) {
+    let rt = common::runtime();
+    let agent = bare_agent();
+    let full = full_stack();
     let mut group = c.benchmark_group("run_3_turns");
     group.bench_function("raw_tower_loop", |b| {
         b.to_async(&rt).iter(raw_tower_run);
@@ -81,4 +126,12 @@ fn run(c: &mut Criterion) {
 }
 
 criterion_group!(benches, run);
-criterion_main!(benches);
+
+fn main() {
+    if let (Ok(case), Ok(runs)) = (std::env::var("BENCH_CASE"), std::env::var("BENCH_RUNS")) {
+        counted_runs(&case, runs.parse().expect("BENCH_RUNS is a number"));
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

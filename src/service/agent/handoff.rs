@@ -352,11 +352,11 @@ impl Run {
                 }
             }
         }
-        self.handoff = Some(Decided {
+        self.handoff = Some(Box::new(Decided {
             handoff: at,
             call_id: call.id.clone(),
             reason: Some(reason).filter(|r| r.as_object().is_none_or(|o| !o.is_empty())),
-        });
+        }));
         Ok(format!("Transferred to `{to}`: it goes on from here."))
     }
 
@@ -436,11 +436,11 @@ impl Run {
             .iter()
             .position(|h| **h.target.name() == *target)
         {
-            self.handoff = Some(Decided {
+            self.handoff = Some(Box::new(Decided {
                 handoff: at,
                 call_id: String::new(),
                 reason: None,
-            });
+            }));
         }
     }
 

@@ -53,6 +53,9 @@ pub(crate) struct Config {
     pub(crate) model: BoxModel,
     pub(crate) model_name: ModelName,
     pub(crate) tools: BoxTool,
+    /// The router itself when no tool layer wraps it: a run without hooks
+    /// calls it directly, with no boxed clone and no boxed future per call.
+    pub(crate) router: Option<ToolRouter>,
     pub(crate) specs: Arc<[ToolSpec]>,
     pub(crate) flags: RunTools,
     pub(crate) max_turns: u32,
@@ -484,10 +487,10 @@ impl AgentBuilder {
             .iter()
             .filter_map(|s| Some((s.name.clone(), self.tools.get(&s.name)?.traits())))
             .collect();
-        let router = box_tool(self.tools);
-        let tools = match self.tool_stack {
-            Some(stack) => stack(router),
-            None => router,
+        let boxed = box_tool(self.tools.clone());
+        let (tools, router) = match self.tool_stack {
+            Some(stack) => (stack(boxed), None),
+            None => (boxed, Some(self.tools)),
         };
         Ok(Agent {
             config: Arc::new(Config {
@@ -496,6 +499,7 @@ impl AgentBuilder {
                 model,
                 model_name: self.model_name.map(ModelName::from).unwrap_or_default(),
                 tools,
+                router,
                 specs,
                 flags,
                 max_turns: self.max_turns,

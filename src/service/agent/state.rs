@@ -27,8 +27,9 @@ pub(super) struct Run {
     pub(super) counters: Counters,
     pub(super) output_attempts: u32,
     pub(super) continuations: u32,
-    /// A handoff the current step decided on, applied once its calls ran.
-    pub(super) handoff: Option<Decided>,
+    /// A handoff the current step decided on, applied once its calls ran
+    /// (boxed: most runs never hand over, and every run carries the room).
+    pub(super) handoff: Option<Box<Decided>>,
     /// Messages queued into the run through its handle.
     pub(super) inbox: Option<Inbox>,
     /// The run's clone of the agent's model stack, made at its first call
@@ -37,19 +38,20 @@ pub(super) struct Run {
 }
 
 impl Run {
-    /// A run with an empty conversation.
+    /// A run of the conversation `messages`.
     pub(super) fn new(
         config: Arc<Config>,
         ctx: RunContext,
         hooks: Option<Arc<dyn HookPort>>,
         stream: Option<DeltaSink>,
         extensions: http::Extensions,
+        messages: History,
     ) -> Self {
         Self {
             config,
             ctx,
             hooks,
-            messages: History::new(),
+            messages,
             ephemeral: Vec::new(),
             stream,
             extensions,

@@ -1,8 +1,9 @@
 //! One step's tool calls: verdicts, approvals, dispatch, results in order.
 
+use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
 
-use futures::future::{try_join_all, BoxFuture};
+use futures::future::{try_join_all, BoxFuture, Either};
 use futures::FutureExt;
 use tower::ServiceExt;
 use tracing::Instrument;
@@ -12,12 +13,11 @@ use super::state::{classify, Run};
 use super::ToolFlags;
 use crate::error::{attribute_tripwire, panic_message, AgentError};
 use crate::event::AgentEvent;
-use crate::hooks::{
-    HookFuture, Notification, StickyApprovals, ToolCallResult, ToolDecision, ToolVerdict,
-};
+use crate::hooks::{Notification, StickyApprovals, ToolCallResult, ToolDecision, ToolVerdict};
 use crate::request::{tool_failure, ToolInvocation, ToolOutput};
 use crate::types::{
-    arguments_hash, ApprovalDecision, Checkpoint, Message, PendingCall, StickyApproval, ToolCall,
+    arguments_hash, ApprovalDecision, Checkpoint, History, Message, PendingCall, StickyApproval,
+    ToolCall,
 };
 
 /// How a step ended.
@@ -28,11 +28,86 @@ pub(super) enum Step {
     Paused(Box<Checkpoint>),
 }
 
-enum Outcome {
+/// The calls a step runs.
+pub(super) enum StepCalls {
+    /// Every call of the last message of this handle to the conversation,
+    /// read in place: the handle is dropped before the results are appended,
+    /// so appending copies nothing.
+    Last(History),
+    /// These calls, each with its index among the turn's calls.
+    Listed(Vec<(usize, ToolCall)>),
+}
+
+impl StepCalls {
+    /// How many calls.
+    fn len(&self) -> usize {
+        match self {
+            StepCalls::Last(history) => history.last().map_or(0, |m| m.tool_calls.len()),
+            StepCalls::Listed(calls) => calls.len(),
+        }
+    }
+
+    /// The calls, each with its index among the turn's calls.
+    fn iter(&self) -> impl Iterator<Item = (usize, &ToolCall)> {
+        let (last, listed) = match self {
+            StepCalls::Last(history) => (history.last().map(|m| m.tool_calls.iter()), None),
+            StepCalls::Listed(calls) => (None, Some(calls.iter())),
+        };
+        let last = last.into_iter().flat_map(|calls| calls.enumerate());
+        let listed = listed
+            .into_iter()
+            .flat_map(|calls| calls.map(|(index, call)| (*index, call)));
+        last.chain(listed)
+    }
+}
+
+/// What a step's outcomes add up to, besides the results for the model.
+struct Collected {
+    pending: Vec<PendingCall>,
+    results: Vec<ToolCallResult>,
+    keep_results: bool,
+}
+
+impl Collected {
+    /// Takes one call's outcome: its result goes to `completed`.
+    fn add(&mut self, run: &mut Run, outcome: Outcome<'_>, completed: &mut Vec<(usize, Message)>) {
+        match outcome {
+            Outcome::Done {
+                index,
+                call,
+                output,
+                ran,
+            } => {
+                run.counters.tool_calls += u32::from(ran);
+                let limits = &run.config.limits;
+                if self.keep_results {
+                    let content = limits.cap_result(&output.content);
+                    completed.push((index, Message::tool(call.id.as_str(), content)));
+                    self.results.push(ToolCallResult {
+                        call: call.into_owned(),
+                        output,
+                    });
+                } else {
+                    // Nobody reads the output after this: its content moves,
+                    // unless it is cut.
+                    let content = match limits.cap_result(&output.content) {
+                        Cow::Borrowed(_) => output.content,
+                        Cow::Owned(cut) => cut,
+                    };
+                    completed.push((index, Message::tool(call.id.as_str(), content)));
+                }
+            }
+            Outcome::Deferred(call) => self.pending.push(call),
+        }
+    }
+}
+
+enum Outcome<'a> {
     /// The call has its result; `ran` tells whether the tool was called.
     Done {
         index: usize,
-        call: ToolCall,
+        /// The call, with any arguments a hook rewrote.
+        call: Cow<'a, ToolCall>,
         output: ToolOutput,
         ran: bool,
     },
@@ -45,7 +120,7 @@ impl Run {
     /// results of the same step from before a pause.
     pub(super) fn tool_step<'a>(
         &'a mut self,
-        calls: Vec<(usize, ToolCall)>,
+        calls: StepCalls,
         decisions: &'a [ApprovalDecision],
         resumed: bool,
         completed: Vec<(usize, Message)>,
@@ -55,48 +130,42 @@ impl Run {
 
     async fn run_step(
         &mut self,
-        calls: Vec<(usize, ToolCall)>,
+        source: StepCalls,
         decisions: &[ApprovalDecision],
         resumed: bool,
         mut completed: Vec<(usize, Message)>,
     ) -> Result<Step, AgentError> {
-        let outcomes = if self.config.parallel_tool_calls && calls.len() > 1 {
+        let keep_results = self.hooks.is_some();
+        let mut step = Collected {
+            pending: Vec::new(),
+            // What `after_tool_batch` reads: kept only for hooks that read it.
+            results: Vec::new(),
+            keep_results,
+        };
+        if self.config.parallel_tool_calls && source.len() > 1 {
             // Boxed: a `Vec` of borrowing `async fn` futures trips rustc's
             // `Send` inference (rust-lang/rust#102211).
-            let mut futures: Vec<BoxFuture<'_, Result<Outcome, AgentError>>> =
-                Vec::with_capacity(calls.len());
-            for (index, call) in calls {
+            let mut futures: Vec<BoxFuture<'_, Result<Outcome<'_>, AgentError>>> =
+                Vec::with_capacity(source.len());
+            for (index, call) in source.iter() {
                 let decision = find_decision(decisions, &call.id);
                 futures.push(self.one_call(index, call, decision, resumed));
             }
-            try_join_all(futures).await?
-        } else {
-            let mut outcomes = Vec::with_capacity(calls.len());
-            for (index, call) in calls {
-                let decision = find_decision(decisions, &call.id);
-                outcomes.push(self.one_call(index, call, decision, resumed).await?);
+            for outcome in try_join_all(futures).await? {
+                step.add(self, outcome, &mut completed);
             }
-            outcomes
-        };
-
-        let mut pending = Vec::new();
-        let mut results = Vec::with_capacity(outcomes.len());
-        for outcome in outcomes {
-            match outcome {
-                Outcome::Done {
-                    index,
-                    call,
-                    output,
-                    ran,
-                } => {
-                    self.counters.tool_calls += u32::from(ran);
-                    let content = self.config.limits.cap_result(&output.content);
-                    completed.push((index, Message::tool(call.id.as_str(), content)));
-                    results.push(ToolCallResult { call, output });
-                }
-                Outcome::Deferred(call) => pending.push(call),
+        } else {
+            for (index, call) in source.iter() {
+                let decision = find_decision(decisions, &call.id);
+                let outcome = self
+                    .decide_and_invoke(index, call, decision, resumed)
+                    .await?;
+                step.add(self, outcome, &mut completed);
             }
         }
+        let Collected {
+            pending, results, ..
+        } = step;
         completed.sort_by_key(|(index, _)| *index);
 
         if !pending.is_empty() {
@@ -117,6 +186,9 @@ impl Run {
             return Ok(Step::Paused(Box::new(self.checkpoint(completed, pending))));
         }
 
+        // The conversation is this run's alone again: the results are
+        // appended in place.
+        drop(source);
         self.messages.extend(completed.into_iter().map(|(_, m)| m));
         if let Some(hooks) = &self.hooks {
             hooks
@@ -127,24 +199,25 @@ impl Run {
         Ok(Step::Done)
     }
 
-    fn one_call(
-        &self,
+    fn one_call<'s, 'c: 's>(
+        &'s self,
         index: usize,
-        call: ToolCall,
+        call: &'c ToolCall,
         decision: Option<ApprovalDecision>,
         resumed: bool,
-    ) -> BoxFuture<'_, Result<Outcome, AgentError>> {
+    ) -> BoxFuture<'s, Result<Outcome<'c>, AgentError>> {
         Box::pin(self.decide_and_invoke(index, call, decision, resumed))
     }
 
-    async fn decide_and_invoke(
+    async fn decide_and_invoke<'c>(
         &self,
         index: usize,
-        mut call: ToolCall,
+        call: &'c ToolCall,
         decision: Option<ApprovalDecision>,
         resumed: bool,
-    ) -> Result<Outcome, AgentError> {
+    ) -> Result<Outcome<'c>, AgentError> {
         let ctx = &self.ctx;
+        let mut call = Cow::Borrowed(call);
         if let Some(refusal) = self
             .config
             .limits
@@ -166,7 +239,7 @@ impl Run {
             None => ToolVerdict::default(),
         };
         if let Some(arguments) = &verdict.updated_arguments {
-            call.arguments = arguments.to_string();
+            call.to_mut().arguments = arguments.to_string();
         }
         if verdict.decision != ToolDecision::Continue {
             self.log_decision(
@@ -181,7 +254,7 @@ impl Run {
             .get(&call.name)
             .copied()
             .unwrap_or_default();
-        let done = move |call: ToolCall, output: ToolOutput| Outcome::Done {
+        let done = move |call: Cow<'c, ToolCall>, output: ToolOutput| Outcome::Done {
             index,
             call,
             output,
@@ -201,7 +274,7 @@ impl Run {
                 return Ok(Outcome::Deferred(PendingCall {
                     index,
                     arguments_hash: arguments_hash(&call.arguments),
-                    call,
+                    call: call.into_owned(),
                 }));
             }
             (ToolDecision::Ask | ToolDecision::AskUnlessAllowed, _) => self.ask(&call).await?,
@@ -218,7 +291,7 @@ impl Run {
             Approval::Approved => true,
             Approval::NotAsked => false,
         };
-        let output = self.invoke(call.clone(), approved, flags).await?;
+        let output = self.invoke(&call, approved, flags).await?;
         Ok(Outcome::Done {
             index,
             call,
@@ -230,12 +303,12 @@ impl Run {
     /// Sends the call down the tool stack, bracketed by its events.
     async fn invoke(
         &self,
-        call: ToolCall,
+        call: &ToolCall,
         approved: bool,
         flags: ToolFlags,
     ) -> Result<ToolOutput, AgentError> {
-        let observer = ToolCallObserver::open(&self.ctx, &self.config.name, &call);
-        match self.dispatch(&call, approved, flags, observer.span()).await {
+        let observer = ToolCallObserver::open(&self.ctx, &self.config.name, call);
+        match self.dispatch(call, approved, flags, observer.span()).await {
             Ok((output, panic)) => {
                 observer.completed(&output, panic);
                 Ok(output)
@@ -261,10 +334,16 @@ impl Run {
         let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
         invocation.approved = approved;
         invocation.idempotent = flags.idempotent;
-        let tools = self.config.tools.clone();
-        let fut: HookFuture<'_, ToolOutput> = match &self.hooks {
-            Some(hooks) => hooks.wrap_tool(invocation, tools),
-            None => HookFuture::new(tools.oneshot(invocation)),
+        // Without hooks, the call goes straight to the tool stack, or to
+        // the router when no tool layer wraps it: nothing boxed on the way.
+        let fut = match (&self.hooks, &self.config.router) {
+            (Some(hooks), _) => {
+                Either::Left(hooks.wrap_tool(invocation, self.config.tools.clone()))
+            }
+            (None, Some(router)) => Either::Right(Either::Left(router.clone().oneshot(invocation))),
+            (None, None) => {
+                Either::Right(Either::Right(self.config.tools.clone().oneshot(invocation)))
+            }
         };
         let result = ctx
             .race(AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind())
