@@ -9,12 +9,13 @@ use std::sync::{Arc, OnceLock};
 use aho_corasick::AhoCorasick;
 use futures::future::BoxFuture;
 
-use super::decode::{payloads, Payload, TRIGGERS};
+use super::decode::{payloads, worth_decoding, Payload, TRIGGERS};
 use super::detector::Pattern;
 use super::detector::{excerpt, Detection, Evidence, Family, InjectionDetector, View};
 use super::families::{self, FOLDED};
 use super::matcher::Matcher;
-use super::normalize::{fold, looks_obfuscated, normalize};
+use super::normalize::{fold, normalize};
+use super::signs::Signs;
 use crate::context::RunContext;
 use crate::error::BoxError;
 
@@ -101,8 +102,9 @@ impl HeuristicDetector {
     fn scan_into(&self, text: &str, view: View, depth: u8, hits: &mut Vec<Hit>) {
         let normalized = normalize(text);
         let text = normalized.text.as_ref();
-        let triggers = self.match_patterns(text, view, hits);
-        if normalized.invisible > 0 || normalized.confusables > 0 || looks_obfuscated(text) {
+        let mut signs = Signs::default();
+        let triggers = self.match_patterns(text, view, &mut signs, hits);
+        if normalized.invisible > 0 || normalized.confusables > 0 || signs.obfuscated() {
             let folded = fold(text);
             for m in self.compiled.folded.find_iter(&folded) {
                 let (family, weight, phrase) = FOLDED[m.pattern().as_usize()];
@@ -115,7 +117,7 @@ impl HeuristicDetector {
                 });
             }
         }
-        if depth < MAX_DEPTH {
+        if depth < MAX_DEPTH && worth_decoding(&signs, triggers) {
             let mut found: Vec<Payload> = Vec::new();
             payloads(text, triggers, &mut found);
             for payload in found {
@@ -135,11 +137,17 @@ impl HeuristicDetector {
         }
     }
 
-    /// Scores the patterns in `text`; returns the bits of the decoding
-    /// [`TRIGGERS`] it holds.
-    fn match_patterns(&self, text: &str, view: View, hits: &mut Vec<Hit>) -> u64 {
+    /// Scores the patterns in `text`, noting its [`Signs`] in the same
+    /// pass; returns the bits of the decoding [`TRIGGERS`] it holds.
+    fn match_patterns(
+        &self,
+        text: &str,
+        view: View,
+        signs: &mut Signs,
+        hits: &mut Vec<Hit>,
+    ) -> u64 {
         let start = hits.len();
-        let triggers = self.compiled.patterns.find(text, |i, span| {
+        let triggers = self.compiled.patterns.find(text, signs, |i, span| {
             let (family, weight, _, _) = *self.compiled.table[i];
             hits.push(Hit {
                 family,
