@@ -9,14 +9,6 @@ use super::matcher::ByteWatch;
 /// The shortest run of base64 or hex characters worth decoding.
 pub(crate) const MIN_RUN: usize = 16;
 
-/// Byte classes.
-const ALPHA: u8 = 1;
-const ALNUM: u8 = 2;
-const LEET: u8 = 4;
-const SEPARATOR: u8 = 8;
-const BASE64: u8 = 16;
-const PERCENT: u8 = 32;
-
 /// The letter a leetspeak character stands for.
 pub(crate) const fn leet(b: u8) -> Option<u8> {
     Some(match b {
@@ -37,24 +29,40 @@ pub(crate) const fn is_base64(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_' | b'=')
 }
 
+/// What a byte is to the obfuscation check: its category (the low three
+/// bits) and whether it is in the base64 alphabet or a `%`.
+const OTHER: u8 = 0;
+const LETTER: u8 = 1;
+const LEET_DIGIT: u8 = 2;
+const DIGIT: u8 = 3;
+const LEET_SYMBOL: u8 = 4;
+const SEPARATOR: u8 = 5;
+/// Categories, padded to a power of two.
+const CATS: usize = 8;
+const CATEGORY: u8 = 7;
+const BASE64: u8 = 8;
+const PERCENT: u8 = 16;
+
 static CLASS: [u8; 256] = {
     let mut t = [0u8; 256];
     let mut i = 0;
     while i < 256 {
         let b = i as u8;
-        let mut c = 0;
-        if b.is_ascii_alphabetic() {
-            c |= ALPHA | ALNUM;
-        }
-        if b.is_ascii_digit() {
-            c |= ALNUM;
-        }
-        if leet(b).is_some() {
-            c |= LEET;
-        }
-        if matches!(b, b' ' | b'.' | b'-' | b'_' | b'*') {
-            c |= SEPARATOR;
-        }
+        let mut c = if b.is_ascii_alphabetic() {
+            LETTER
+        } else if b.is_ascii_digit() {
+            if leet(b).is_some() {
+                LEET_DIGIT
+            } else {
+                DIGIT
+            }
+        } else if leet(b).is_some() {
+            LEET_SYMBOL
+        } else if matches!(b, b' ' | b'.' | b'-' | b'_' | b'*') {
+            SEPARATOR
+        } else {
+            OTHER
+        };
         if is_base64(b) {
             c |= BASE64;
         }
@@ -67,15 +75,63 @@ static CLASS: [u8; 256] = {
     t
 };
 
+/// The obfuscation check as a state machine over byte categories. A
+/// state is the categories of the last two bytes and the run of isolated
+/// letters so far (0..=3), times [`CATS`]; one more state says the text
+/// is obfuscated, for good.
+const STATES: usize = 6 * 6 * 4;
+const OBFUSCATED: u16 = (STATES * CATS) as u16;
+
+static STEP: [u16; (STATES + 1) * CATS] = {
+    let mut t = [OBFUSCATED; (STATES + 1) * CATS];
+    let mut before = 0;
+    while before < 6 {
+        let mut mid = 0;
+        while mid < 6 {
+            let mut run = 0;
+            while run < 4 {
+                let mut after = 0;
+                while after < CATS {
+                    let from = ((before * 6 + mid) * 4 + run) * CATS + after;
+                    t[from] = step(before as u8, mid as u8, run, after as u8);
+                    after += 1;
+                }
+                run += 1;
+            }
+            mid += 1;
+        }
+        before += 1;
+    }
+    t
+};
+
+/// The next state once `after` follows `before` and `mid`, with `run`
+/// isolated letters so far: a leet character between letters (`1gn0re`)
+/// or a fourth letter in a row with a separator on both sides (`i g n o`,
+/// `i.g.n.o`) make the text obfuscated; a letter or digit that is not
+/// isolated ends the run.
+const fn step(before: u8, mid: u8, mut run: usize, after: u8) -> u16 {
+    let after = if after >= 6 { OTHER } else { after };
+    let is_leet = mid == LEET_DIGIT || mid == LEET_SYMBOL;
+    if is_leet && before == LETTER && after == LETTER {
+        return OBFUSCATED;
+    }
+    if mid == LETTER && before == SEPARATOR && after == SEPARATOR {
+        run += 1;
+        if run >= 4 {
+            return OBFUSCATED;
+        }
+    } else if mid == LETTER || mid == LEET_DIGIT || mid == DIGIT {
+        run = 0;
+    }
+    (((mid as usize * 6 + after as usize) * 4 + run) * CATS) as u16
+}
+
 /// The signs seen so far in a text, byte by byte.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Signs {
-    /// The classes of the last three bytes: the oldest in bits 16..24.
-    window: u32,
-    /// Letters in a row with a separator on both sides (`i g n o`), not
-    /// broken by a letter or digit that is not.
-    isolated: u32,
-    obfuscated: bool,
+    /// The obfuscation check's state.
+    state: u16,
     /// Base64-alphabet bytes in a row, and whether a run reached
     /// [`MIN_RUN`].
     run: u32,
@@ -87,23 +143,7 @@ impl ByteWatch for Signs {
     #[inline(always)]
     fn byte(&mut self, b: u8) {
         let c = CLASS[usize::from(b)];
-        self.window = (self.window << 8 | u32::from(c)) & 0x00FF_FFFF;
-        // The middle byte of the window, between its neighbours.
-        let before = self.window >> 16;
-        let mid = (self.window >> 8) & 0xFF;
-        let after = u32::from(c);
-        let both = |class: u8| (before & after & u32::from(class)) != 0;
-        // A leet character between letters, as in `1gn0re`.
-        let leet_between = mid & u32::from(LEET) != 0 && both(ALPHA);
-        // A letter with a separator on both sides, as in `a.b.c`.
-        let isolated = mid & u32::from(ALPHA) != 0 && both(SEPARATOR);
-        if isolated {
-            self.isolated += 1;
-        } else if mid & u32::from(ALNUM) != 0 {
-            self.isolated = 0;
-        }
-        self.obfuscated |= leet_between | (self.isolated >= 4);
-
+        self.state = STEP[usize::from(self.state) + usize::from(c & CATEGORY)];
         self.run = if c & BASE64 != 0 { self.run + 1 } else { 0 };
         self.long_run |= self.run as usize >= MIN_RUN;
         self.percents += u32::from(c & PERCENT != 0);
@@ -115,7 +155,7 @@ impl Signs {
     /// as in `1gn0re`) or spaced-out letters (`i g n o r e`, `i.g.n.o.r.e`):
     /// the signs that the folded view is worth building.
     pub(crate) fn obfuscated(&self) -> bool {
-        self.obfuscated
+        self.state == OBFUSCATED
     }
 
     /// Whether the text holds a run of base64 or hex characters long enough
@@ -144,30 +184,25 @@ mod tests {
 
     /// The obfuscation check written as a plain scan, for comparison.
     fn looks_obfuscated(text: &str) -> bool {
+        let alpha = |b: u8| b.is_ascii_alphabetic();
+        let alnum = |b: u8| b.is_ascii_alphanumeric();
+        let is_leet = |b: u8| leet(b).is_some();
+        let sep = |b: u8| matches!(b, b' ' | b'.' | b'-' | b'_' | b'*');
         let b = text.as_bytes();
-        let Some((&first, rest)) = b.split_first() else {
-            return false;
-        };
-        let mut prev = CLASS[usize::from(first)];
         let mut isolated_run = 0u32;
-        for (i, &byte) in rest.iter().enumerate() {
-            let Some(&after) = rest.get(i + 1) else { break };
-            let cur = CLASS[usize::from(byte)];
-            if cur & (ALNUM | LEET) != 0 {
-                let next = CLASS[usize::from(after)];
-                if cur & LEET != 0 && prev & ALPHA != 0 && next & ALPHA != 0 {
+        for i in 1..b.len().saturating_sub(1) {
+            let (prev, cur, next) = (b[i - 1], b[i], b[i + 1]);
+            if is_leet(cur) && alpha(prev) && alpha(next) {
+                return true;
+            }
+            if alpha(cur) && sep(prev) && sep(next) {
+                isolated_run += 1;
+                if isolated_run >= 4 {
                     return true;
                 }
-                if cur & ALPHA != 0 && prev & SEPARATOR != 0 && next & SEPARATOR != 0 {
-                    isolated_run += 1;
-                    if isolated_run >= 4 {
-                        return true;
-                    }
-                } else if cur & ALNUM != 0 {
-                    isolated_run = 0;
-                }
+            } else if alnum(cur) {
+                isolated_run = 0;
             }
-            prev = cur;
         }
         false
     }
