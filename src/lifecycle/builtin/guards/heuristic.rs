@@ -6,7 +6,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
-use aho_corasick::AhoCorasick;
+use aho_corasick::{AhoCorasick, AhoCorasickKind};
 use futures::future::BoxFuture;
 
 use super::decode::{payloads, worth_decoding, Payload, TRIGGERS};
@@ -80,8 +80,13 @@ impl HeuristicDetector {
     pub fn new() -> Self {
         let table: Vec<&'static Pattern> = families::all().collect();
         let patterns = Matcher::new(table.iter().map(|(_, _, hints, p)| (*hints, *p)), TRIGGERS);
-        let folded =
-            AhoCorasick::new(FOLDED.iter().map(|(_, _, p)| p)).expect("the folded phrases compile");
+        // The folded view is letters only: no byte is rare enough there for
+        // a prefilter to pay.
+        let folded = AhoCorasick::builder()
+            .kind(Some(AhoCorasickKind::DFA))
+            .prefilter(false)
+            .build(FOLDED.iter().map(|(_, _, p)| p))
+            .expect("the folded phrases compile");
         Self {
             compiled: Arc::new(Compiled {
                 table,
@@ -95,6 +100,9 @@ impl HeuristicDetector {
     pub fn scan(&self, text: &str) -> Detection {
         let mut hits = Vec::new();
         self.scan_into(text, View::Normalized, 0, &mut hits);
+        if hits.is_empty() {
+            return Detection::clean();
+        }
         let discussion = !hits.is_empty() && discusses_attacks().is_match(text);
         score(hits, discussion)
     }
@@ -102,8 +110,8 @@ impl HeuristicDetector {
     fn scan_into(&self, text: &str, view: View, depth: u8, hits: &mut Vec<Hit>) {
         let normalized = normalize(text);
         let text = normalized.text.as_ref();
-        let mut signs = Signs::default();
-        let triggers = self.match_patterns(text, view, &mut signs, hits);
+        let signs = Signs::of(text);
+        let triggers = self.match_patterns(text, view, hits);
         if normalized.invisible > 0 || normalized.confusables > 0 || signs.obfuscated() {
             let folded = fold(text);
             for m in self.compiled.folded.find_iter(&folded) {
@@ -137,17 +145,11 @@ impl HeuristicDetector {
         }
     }
 
-    /// Scores the patterns in `text`, noting its [`Signs`] in the same
-    /// pass; returns the bits of the decoding [`TRIGGERS`] it holds.
-    fn match_patterns(
-        &self,
-        text: &str,
-        view: View,
-        signs: &mut Signs,
-        hits: &mut Vec<Hit>,
-    ) -> u64 {
+    /// Scores the patterns in `text`; returns the bits of the decoding
+    /// [`TRIGGERS`] it holds.
+    fn match_patterns(&self, text: &str, view: View, hits: &mut Vec<Hit>) -> u64 {
         let start = hits.len();
-        let triggers = self.compiled.patterns.find(text, signs, |i, span| {
+        let triggers = self.compiled.patterns.find(text, |i, span| {
             let (family, weight, _, _) = *self.compiled.table[i];
             hits.push(Hit {
                 family,

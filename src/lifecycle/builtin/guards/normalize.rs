@@ -64,10 +64,14 @@ pub(crate) fn normalize(text: &str) -> Normalized<'_> {
     // (ASCII characters are NFKC, start no sequence and fold nothing: only
     // the others are looked at. Leaving them out can only make the quick
     // check less sure, never wrongly sure.)
-    let others = || text.chars().filter(|c| !c.is_ascii());
-    if !others().any(|c| is_invisible(c) || may_fold(c))
-        && unicode_normalization::is_nfkc_quick(others()) == IsNormalized::Yes
-    {
+    // One pass for both checks: the quick check reads every character
+    // when it answers yes, so `suspect` is complete then.
+    let mut suspect = false;
+    let others = text
+        .chars()
+        .filter(|c| !c.is_ascii())
+        .inspect(|&c| suspect |= is_invisible(c) || may_fold(c));
+    if unicode_normalization::is_nfkc_quick(others) == IsNormalized::Yes && !suspect {
         return Normalized {
             text: Cow::Borrowed(text),
             invisible: 0,

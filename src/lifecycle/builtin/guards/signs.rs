@@ -1,10 +1,7 @@
-//! What the detector's one pass over a text also notes of its bytes: the
-//! signs that the folded view (leetspeak, spaced-out letters) or the payload
-//! decoder (base64 and hex runs, percent escapes) has anything to find.
-//! [`Signs::byte`] is fed each byte by the literal pass of the
-//! [`Matcher`](super::matcher::Matcher), so these checks cost no second scan.
-
-use super::matcher::ByteWatch;
+//! The signs, read in one pass over a text's bytes, that the folded view
+//! (leetspeak, spaced-out letters) or the payload decoder (base64 and hex
+//! runs, percent escapes) has anything to find. Most texts show none and
+//! skip both.
 
 /// The shortest run of base64 or hex characters worth decoding.
 pub(crate) const MIN_RUN: usize = 16;
@@ -82,8 +79,9 @@ static CLASS: [u8; 256] = {
 const STATES: usize = 6 * 6 * 4;
 const OBFUSCATED: u16 = (STATES * CATS) as u16;
 
-static STEP: [u16; (STATES + 1) * CATS] = {
-    let mut t = [OBFUSCATED; (STATES + 1) * CATS];
+/// Padded to a power of two, so that an index masked to it needs no check.
+static STEP: [u16; ((STATES + 1) * CATS).next_power_of_two()] = {
+    let mut t = [OBFUSCATED; ((STATES + 1) * CATS).next_power_of_two()];
     let mut before = 0;
     while before < 6 {
         let mut mid = 0;
@@ -128,29 +126,37 @@ const fn step(before: u8, mid: u8, mut run: usize, after: u8) -> u16 {
 }
 
 /// The signs seen so far in a text, byte by byte.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Signs {
     /// The obfuscation check's state.
     state: u16,
-    /// Base64-alphabet bytes in a row, and whether a run reached
-    /// [`MIN_RUN`].
-    run: u32,
+    /// Whether a run of base64-alphabet bytes reached [`MIN_RUN`].
     long_run: bool,
     percents: u32,
 }
 
-impl ByteWatch for Signs {
-    #[inline(always)]
-    fn byte(&mut self, b: u8) {
-        let c = CLASS[usize::from(b)];
-        self.state = STEP[usize::from(self.state) + usize::from(c & CATEGORY)];
-        self.run = if c & BASE64 != 0 { self.run + 1 } else { 0 };
-        self.long_run |= self.run as usize >= MIN_RUN;
-        self.percents += u32::from(c & PERCENT != 0);
-    }
-}
-
 impl Signs {
+    /// The signs of `text`.
+    pub(crate) fn of(text: &str) -> Self {
+        // In locals, so that the loop keeps them in registers.
+        let mut state = 0u16;
+        let mut run = 0u32;
+        let mut long_run = false;
+        let mut percents = 0u32;
+        for &b in text.as_bytes() {
+            let c = CLASS[usize::from(b)];
+            state = STEP[(usize::from(state) + usize::from(c & CATEGORY)) & (STEP.len() - 1)];
+            run = if c & BASE64 != 0 { run + 1 } else { 0 };
+            long_run |= run as usize >= MIN_RUN;
+            percents += u32::from(c & PERCENT != 0);
+        }
+        Signs {
+            state,
+            long_run,
+            percents,
+        }
+    }
+
     /// Whether the text shows leetspeak (a leet character between letters,
     /// as in `1gn0re`) or spaced-out letters (`i g n o r e`, `i.g.n.o.r.e`):
     /// the signs that the folded view is worth building.
@@ -175,11 +181,7 @@ mod tests {
     use super::*;
 
     fn signs(text: &str) -> Signs {
-        let mut s = Signs::default();
-        for &b in text.as_bytes() {
-            s.byte(b);
-        }
-        s
+        Signs::of(text)
     }
 
     /// The obfuscation check written as a plain scan, for comparison.
