@@ -105,26 +105,35 @@ pub(crate) fn normalize(text: &str) -> Normalized<'_> {
 /// The folded view: letters only, lower case, leetspeak undone. Spaces and
 /// punctuation vanish, so `I g-n-0 r e  a l l` reads `ignoreall`.
 pub(crate) fn fold(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
     let b = text.as_bytes();
-    for (i, c) in text.char_indices() {
-        if c.is_ascii() {
-            let byte = c as u8;
+    let mut out: Vec<u8> = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < b.len() {
+        let byte = b[i];
+        if byte.is_ascii() {
             if byte.is_ascii_alphabetic() {
-                out.push(byte.to_ascii_lowercase() as char);
+                out.push(byte.to_ascii_lowercase());
             } else if let Some(l) = leet(byte) {
                 // A leet character counts only next to a letter.
                 let before = i > 0 && b[i - 1].is_ascii_alphanumeric();
                 let after = b.get(i + 1).is_some_and(|n| n.is_ascii_alphanumeric());
                 if before || after {
-                    out.push(l as char);
+                    out.push(l);
                 }
             }
-        } else if c.is_alphabetic() {
-            out.extend(c.to_lowercase());
+            i += 1;
+            continue;
         }
+        let c = text[i..].chars().next().expect("a character starts here");
+        if c.is_alphabetic() {
+            let mut buf = [0u8; 4];
+            for l in c.to_lowercase() {
+                out.extend_from_slice(l.encode_utf8(&mut buf).as_bytes());
+            }
+        }
+        i += c.len_utf8();
     }
-    out
+    String::from_utf8(out).expect("whole characters only")
 }
 
 #[cfg(test)]

@@ -26,8 +26,7 @@ pub(crate) const fn is_base64(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_' | b'=')
 }
 
-/// What a byte is to the obfuscation check: its category (the low three
-/// bits) and whether it is in the base64 alphabet or a `%`.
+/// What a byte is to the obfuscation check.
 const OTHER: u8 = 0;
 const LETTER: u8 = 1;
 const LEET_DIGIT: u8 = 2;
@@ -37,15 +36,13 @@ const SEPARATOR: u8 = 5;
 /// Categories, padded to a power of two.
 const CATS: usize = 8;
 const CATEGORY: u8 = 7;
-const BASE64: u8 = 8;
-const PERCENT: u8 = 16;
 
 static CLASS: [u8; 256] = {
     let mut t = [0u8; 256];
     let mut i = 0;
     while i < 256 {
         let b = i as u8;
-        let mut c = if b.is_ascii_alphabetic() {
+        let c = if b.is_ascii_alphabetic() {
             LETTER
         } else if b.is_ascii_digit() {
             if leet(b).is_some() {
@@ -60,12 +57,6 @@ static CLASS: [u8; 256] = {
         } else {
             OTHER
         };
-        if is_base64(b) {
-            c |= BASE64;
-        }
-        if b == b'%' {
-            c |= PERCENT;
-        }
         t[i] = c;
         i += 1;
     }
@@ -125,7 +116,41 @@ const fn step(before: u8, mid: u8, mut run: usize, after: u8) -> u16 {
     (((mid as usize * 6 + after as usize) * 4 + run) * CATS) as u16
 }
 
-/// The signs seen so far in a text, byte by byte.
+/// Whether `bytes` hold a run of at least [`MIN_RUN`] base64-alphabet
+/// bytes. Such a run holds a whole aligned block of eight, all printable
+/// ASCII: blocks are checked eight bytes at a time, and only a block that
+/// passes is looked at byte by byte, with its neighbours.
+fn long_run(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x21; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    for (k, block) in bytes.chunks_exact(8).enumerate() {
+        let word = u64::from_le_bytes(block.try_into().expect("a block of eight"));
+        // A byte below 0x21 sets its high bit in the difference (and a
+        // borrow only runs on from such a byte); one above 0x7F has it set.
+        if (word.wrapping_sub(ONES) | word) & HIGH != 0 {
+            continue;
+        }
+        if !block.iter().all(|&b| is_base64(b)) {
+            continue;
+        }
+        let start = k * 8;
+        let before = bytes[..start]
+            .iter()
+            .rev()
+            .take_while(|&&b| is_base64(b))
+            .count();
+        let after = bytes[start + 8..]
+            .iter()
+            .take_while(|&&b| is_base64(b))
+            .count();
+        if before + 8 + after >= MIN_RUN {
+            return true;
+        }
+    }
+    false
+}
+
+/// The signs seen in a text.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Signs {
     /// The obfuscation check's state.
@@ -138,22 +163,17 @@ pub(crate) struct Signs {
 impl Signs {
     /// The signs of `text`.
     pub(crate) fn of(text: &str) -> Self {
-        // In locals, so that the loop keeps them in registers.
+        let bytes = text.as_bytes();
         let mut state = 0u16;
-        let mut run = 0u32;
-        let mut long_run = false;
-        let mut percents = 0u32;
-        for &b in text.as_bytes() {
+        for &b in bytes {
             let c = CLASS[usize::from(b)];
             state = STEP[(usize::from(state) + usize::from(c & CATEGORY)) & (STEP.len() - 1)];
-            run = if c & BASE64 != 0 { run + 1 } else { 0 };
-            long_run |= run as usize >= MIN_RUN;
-            percents += u32::from(c & PERCENT != 0);
         }
         Signs {
             state,
-            long_run,
-            percents,
+            long_run: long_run(bytes),
+            // A loop the compiler turns into vector compares.
+            percents: bytes.iter().filter(|&&b| b == b'%').count() as u32,
         }
     }
 
