@@ -37,6 +37,8 @@ const INLINE_OPEN: usize = 16;
 /// Where leads start in a short text, on the stack; past this many, the
 /// patterns are searched whole.
 const INLINE_STARTS: usize = 48;
+// Offsets in a short text are kept as `u16`.
+const _: () = assert!(SHORT_TEXT <= u16::MAX as usize);
 
 #[derive(Debug)]
 struct Compiled {
@@ -200,7 +202,7 @@ impl Matcher {
         // In a long text, the hits (literal, range), for the windows.
         let mut hits: Vec<(u32, Range<usize>)> = Vec::new();
         // In a short one, where leads start (literal, offset).
-        let mut starts = [(0u16, 0u32); INLINE_STARTS];
+        let mut starts = [(0u16, 0u16); INLINE_STARTS];
         let mut nstarts = 0usize;
         let dfa = &self.literals;
         let mut sid = dfa
@@ -220,7 +222,8 @@ impl Matcher {
                     hits.push((lit as u32, end - dfa.pattern_len(pid)..end));
                 } else if self.leads_any[lit] {
                     if let Some(slot) = starts.get_mut(nstarts) {
-                        *slot = (lit as u16, (at + 1 - dfa.pattern_len(pid)) as u32);
+                        // A short text's offsets fit.
+                        *slot = (lit as u16, (at + 1 - dfa.pattern_len(pid)) as u16);
                     }
                     nstarts += 1;
                 }
@@ -279,9 +282,9 @@ impl Matcher {
     /// The first match of pattern `p`, which starts with one of its leads:
     /// searched anchored where they start in `text`, leftmost first, so it
     /// is the match a search of the whole text finds.
-    fn search_led(&self, p: usize, text: &str, starts: &[(u16, u32)]) -> Option<Range<usize>> {
+    fn search_led(&self, p: usize, text: &str, starts: &[(u16, u16)]) -> Option<Range<usize>> {
         let pattern = &self.patterns[p];
-        let mut at = [0u32; INLINE_STARTS];
+        let mut at = [0u16; INLINE_STARTS];
         let mut n = 0;
         for &(lit, offset) in starts {
             if self.led[usize::from(lit)].contains(&(p as u16)) {

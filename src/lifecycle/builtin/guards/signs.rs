@@ -117,17 +117,27 @@ const fn step(before: u8, mid: u8, mut run: usize, after: u8) -> u16 {
 }
 
 /// Whether `bytes` hold a run of at least [`MIN_RUN`] base64-alphabet
-/// bytes. Such a run holds a whole aligned block of eight, all printable
-/// ASCII: blocks are checked eight bytes at a time, and only a block that
-/// passes is looked at byte by byte, with its neighbours.
-fn long_run(bytes: &[u8]) -> bool {
+/// bytes, and how many `%` they hold, read eight bytes at a time. A long
+/// run holds a whole aligned block of eight, all printable ASCII: only a
+/// block that is is looked at byte by byte, with its neighbours.
+fn blocks(bytes: &[u8]) -> (bool, u32) {
     const ONES: u64 = u64::from_ne_bytes([0x21; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    for (k, block) in bytes.chunks_exact(8).enumerate() {
+    const LOW7: u64 = u64::from_ne_bytes([0x7F; 8]);
+    const PERCENTS: u64 = u64::from_ne_bytes([b'%'; 8]);
+    let mut long_run = false;
+    let mut percents = 0u32;
+    let mut chunks = bytes.chunks_exact(8);
+    for (k, block) in chunks.by_ref().enumerate() {
         let word = u64::from_le_bytes(block.try_into().expect("a block of eight"));
+        // The high bit of each byte that is `%`: zero after the xor, the
+        // only bytes whose low seven bits plus 0x7F stay below 0x80 and
+        // whose own high bit is clear (no carry crosses a byte).
+        let y = word ^ PERCENTS;
+        percents += (!(((y & LOW7) + LOW7) | y | LOW7)).count_ones();
         // A byte below 0x21 sets its high bit in the difference (and a
         // borrow only runs on from such a byte); one above 0x7F has it set.
-        if (word.wrapping_sub(ONES) | word) & HIGH != 0 {
+        if long_run || (word.wrapping_sub(ONES) | word) & HIGH != 0 {
             continue;
         }
         if !block.iter().all(|&b| is_base64(b)) {
@@ -143,11 +153,11 @@ fn long_run(bytes: &[u8]) -> bool {
             .iter()
             .take_while(|&&b| is_base64(b))
             .count();
-        if before + 8 + after >= MIN_RUN {
-            return true;
-        }
+        long_run = before + 8 + after >= MIN_RUN;
     }
-    false
+    let rest = chunks.remainder();
+    percents += rest.iter().filter(|&&b| b == b'%').count() as u32;
+    (long_run, percents)
 }
 
 /// The signs seen in a text.
@@ -169,11 +179,11 @@ impl Signs {
             let c = CLASS[usize::from(b)];
             state = STEP[(usize::from(state) + usize::from(c & CATEGORY)) & (STEP.len() - 1)];
         }
+        let (long_run, percents) = blocks(bytes);
         Signs {
             state,
-            long_run: long_run(bytes),
-            // A loop the compiler turns into vector compares.
-            percents: bytes.iter().filter(|&&b| b == b'%').count() as u32,
+            long_run,
+            percents,
         }
     }
 
