@@ -105,7 +105,7 @@ pub(crate) fn leads(hir: &Hir) -> Option<Clause> {
         if end < MIN_LEAD {
             return None;
         }
-        out.push(text[..end].as_bytes().to_ascii_lowercase());
+        out.push(text.as_bytes()[..end].to_ascii_lowercase());
     }
     let out = dedup(out)?;
     // A lead that starts with another one adds no start.
