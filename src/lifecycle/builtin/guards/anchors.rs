@@ -9,6 +9,7 @@
 //! syntax tree (literal runs of a concatenation, unions over alternation
 //! branches, repetitions of at least one), so they hold for any input.
 
+use regex_syntax::hir::literal::{ExtractKind, Extractor};
 use regex_syntax::hir::{Class, Hir, HirKind};
 
 /// A set of literals (ASCII lower case) every match contains one of.
@@ -70,6 +71,50 @@ pub(crate) fn clauses(hir: &Hir) -> Vec<Clause> {
         kept == 1 || cost(c) < MAX_COST
     });
     out
+}
+
+/// The shortest lead worth listing: a shorter one starts too often.
+const MIN_LEAD: usize = 2;
+/// The most leads a pattern may have.
+const MAX_LEADS: usize = 64;
+
+/// The *leads* of `hir` (parsed case-sensitively; the literals are matched
+/// ASCII case-insensitively): literals (ASCII lower case) such that every
+/// match starts with one of them, if the pattern has few enough. A
+/// pattern with leads can be searched anchored where they start instead of
+/// over the whole text.
+pub(crate) fn leads(hir: &Hir) -> Option<Clause> {
+    let seq = Extractor::new().kind(ExtractKind::Prefix).extract(hir);
+    let literals = seq.literals()?;
+    if literals.is_empty() || literals.len() > MAX_LEADS {
+        return None;
+    }
+    let mut out = Vec::with_capacity(literals.len());
+    for lit in literals {
+        let text = std::str::from_utf8(lit.as_bytes()).ok()?;
+        // Up to the first letter an ASCII case-insensitive search would
+        // miss in another case, and at most as long as a gate's literal.
+        let mut end = text
+            .char_indices()
+            .find(|&(_, c)| !c.is_ascii() && (c.to_lowercase().ne([c]) || c.to_uppercase().ne([c])))
+            .map_or(text.len(), |(i, _)| i)
+            .min(MAX_LITERAL);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end < MIN_LEAD {
+            return None;
+        }
+        out.push(text.as_bytes()[..end].to_ascii_lowercase());
+    }
+    let out = dedup(out)?;
+    // A lead that starts with another one adds no start.
+    let minimal = out
+        .iter()
+        .filter(|l| !out.iter().any(|m| m != *l && l.starts_with(m)))
+        .cloned()
+        .collect();
+    Some(minimal)
 }
 
 fn facts(hir: &Hir) -> Facts {
@@ -314,6 +359,31 @@ mod tests {
                     .collect()
             })
             .collect()
+    }
+
+    fn leads_of(pattern: &str) -> Option<Vec<String>> {
+        let hir = regex_syntax::ParserBuilder::new()
+            .build()
+            .parse(pattern)
+            .unwrap();
+        leads(&hir).map(|c| {
+            c.into_iter()
+                .map(|l| String::from_utf8(l).unwrap())
+                .collect()
+        })
+    }
+
+    #[test]
+    fn leads_are_the_starts_of_every_match() {
+        assert_eq!(
+            leads_of(r"\b(?:ignore|set\s+aside|disregarding)\s+rules"),
+            Some(vec!["disregar".into(), "ignore".into(), "set".into()])
+        );
+        assert_eq!(leads_of(r"<!--[\s\S]*-->"), Some(vec!["<!--".into()]));
+        assert_eq!(leads_of(r"\bmuéstrame|\bmuestra"), Some(vec!["mu".into()]));
+        assert_eq!(leads_of(r"(?:^|\.\s)ai:"), None, "a lead may be empty");
+        assert_eq!(leads_of(r"\w+ rules"), None, "too many starts");
+        assert_eq!(leads_of(r"(?:a|b)\s+x"), None, "too short");
     }
 
     #[test]

@@ -7,9 +7,7 @@ use base64::engine::general_purpose::{STANDARD_PAD_INDIFFERENT, URL_SAFE_PAD_IND
 use base64::Engine;
 
 use super::detector::View;
-
-/// The shortest run of base64 or hex characters worth decoding.
-const MIN_RUN: usize = 16;
+use super::signs::{is_base64, Signs, MIN_RUN};
 
 /// Literals that make a payload worth decoding, found by the detector's
 /// one pass over the text ([`payloads`] takes the bits of those present):
@@ -39,12 +37,19 @@ static B64: [bool; 256] = {
     let mut t = [false; 256];
     let mut i = 0;
     while i < 256 {
-        let b = i as u8;
-        t[i] = b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_' | b'=');
+        t[i] = is_base64(i as u8);
         i += 1;
     }
     t
 };
+
+/// Whether [`payloads`] can find anything in a text with these `signs` and
+/// `triggers`: a run of base64 or hex long enough, three percent escapes,
+/// a JSON escape or a ROT13 keyword. Most texts have none, and skip the
+/// decoder's scan.
+pub(crate) fn worth_decoding(signs: &Signs, triggers: u64) -> bool {
+    signs.long_run() || signs.percents() >= 3 || triggers & (ROT13_BITS | ESCAPE_BIT) != 0
+}
 
 /// One decoded payload.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,15 +6,16 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
-use aho_corasick::AhoCorasick;
+use aho_corasick::{AhoCorasick, AhoCorasickKind};
 use futures::future::BoxFuture;
 
-use super::decode::{payloads, Payload, TRIGGERS};
+use super::decode::{payloads, worth_decoding, Payload, TRIGGERS};
 use super::detector::Pattern;
 use super::detector::{excerpt, Detection, Evidence, Family, InjectionDetector, View};
 use super::families::{self, FOLDED};
 use super::matcher::Matcher;
-use super::normalize::{fold, looks_obfuscated, normalize};
+use super::normalize::{fold, normalize};
+use super::signs::Signs;
 use crate::context::RunContext;
 use crate::error::BoxError;
 
@@ -79,8 +80,13 @@ impl HeuristicDetector {
     pub fn new() -> Self {
         let table: Vec<&'static Pattern> = families::all().collect();
         let patterns = Matcher::new(table.iter().map(|(_, _, hints, p)| (*hints, *p)), TRIGGERS);
-        let folded =
-            AhoCorasick::new(FOLDED.iter().map(|(_, _, p)| p)).expect("the folded phrases compile");
+        // The folded view is letters only: no byte is rare enough there for
+        // a prefilter to pay.
+        let folded = AhoCorasick::builder()
+            .kind(Some(AhoCorasickKind::DFA))
+            .prefilter(false)
+            .build(FOLDED.iter().map(|(_, _, p)| p))
+            .expect("the folded phrases compile");
         Self {
             compiled: Arc::new(Compiled {
                 table,
@@ -94,6 +100,9 @@ impl HeuristicDetector {
     pub fn scan(&self, text: &str) -> Detection {
         let mut hits = Vec::new();
         self.scan_into(text, View::Normalized, 0, &mut hits);
+        if hits.is_empty() {
+            return Detection::clean();
+        }
         let discussion = !hits.is_empty() && discusses_attacks().is_match(text);
         score(hits, discussion)
     }
@@ -101,8 +110,9 @@ impl HeuristicDetector {
     fn scan_into(&self, text: &str, view: View, depth: u8, hits: &mut Vec<Hit>) {
         let normalized = normalize(text);
         let text = normalized.text.as_ref();
+        let signs = Signs::of(text);
         let triggers = self.match_patterns(text, view, hits);
-        if normalized.invisible > 0 || normalized.confusables > 0 || looks_obfuscated(text) {
+        if normalized.invisible > 0 || normalized.confusables > 0 || signs.obfuscated() {
             let folded = fold(text);
             for m in self.compiled.folded.find_iter(&folded) {
                 let (family, weight, phrase) = FOLDED[m.pattern().as_usize()];
@@ -115,7 +125,7 @@ impl HeuristicDetector {
                 });
             }
         }
-        if depth < MAX_DEPTH {
+        if depth < MAX_DEPTH && worth_decoding(&signs, triggers) {
             let mut found: Vec<Payload> = Vec::new();
             payloads(text, triggers, &mut found);
             for payload in found {

@@ -99,6 +99,7 @@ mod model;
 mod normalize;
 mod output;
 mod parallel;
+mod signs;
 mod spotlight;
 pub mod stream;
 mod streaming;

@@ -1,11 +1,14 @@
 //! Text normalisation before matching: NFKC, invisible characters removed,
 //! confusable letters folded to the ASCII letters they imitate; and the
-//! folded view that undoes leetspeak and spacing tricks.
+//! folded view that undoes leetspeak and spacing tricks (whether a text
+//! shows them is one of the [`Signs`](super::signs::Signs)).
 
 use std::borrow::Cow;
 
 use unicode_normalization::{IsNormalized, UnicodeNormalization};
 use unicode_security::confusable_detection::skeleton;
+
+use super::signs::leet;
 
 /// A text after normalisation, with what was changed on the way.
 #[derive(Debug)]
@@ -61,10 +64,14 @@ pub(crate) fn normalize(text: &str) -> Normalized<'_> {
     // (ASCII characters are NFKC, start no sequence and fold nothing: only
     // the others are looked at. Leaving them out can only make the quick
     // check less sure, never wrongly sure.)
-    let others = || text.chars().filter(|c| !c.is_ascii());
-    if !others().any(|c| is_invisible(c) || may_fold(c))
-        && unicode_normalization::is_nfkc_quick(others()) == IsNormalized::Yes
-    {
+    // One pass for both checks: the quick check reads every character
+    // when it answers yes, so `suspect` is complete then.
+    let mut suspect = false;
+    let others = text
+        .chars()
+        .filter(|c| !c.is_ascii())
+        .inspect(|&c| suspect |= is_invisible(c) || may_fold(c));
+    if unicode_normalization::is_nfkc_quick(others) == IsNormalized::Yes && !suspect {
         return Normalized {
             text: Cow::Borrowed(text),
             invisible: 0,
@@ -95,107 +102,38 @@ pub(crate) fn normalize(text: &str) -> Normalized<'_> {
     }
 }
 
-/// The letter a leetspeak character stands for.
-const fn leet(b: u8) -> Option<u8> {
-    Some(match b {
-        b'0' => b'o',
-        b'1' | b'!' | b'|' => b'i',
-        b'3' => b'e',
-        b'4' | b'@' => b'a',
-        b'5' | b'$' => b's',
-        b'7' | b'+' => b't',
-        b'8' => b'b',
-        b'9' => b'g',
-        _ => return None,
-    })
-}
-
-/// Byte classes for [`looks_obfuscated`].
-const ALPHA: u8 = 1;
-const ALNUM: u8 = 2;
-const LEET: u8 = 4;
-const SEPARATOR: u8 = 8;
-
-static CLASS: [u8; 256] = {
-    let mut t = [0u8; 256];
-    let mut i = 0;
-    while i < 256 {
-        let b = i as u8;
-        let mut c = 0;
-        if b.is_ascii_alphabetic() {
-            c |= ALPHA | ALNUM;
-        }
-        if b.is_ascii_digit() {
-            c |= ALNUM;
-        }
-        if leet(b).is_some() {
-            c |= LEET;
-        }
-        if matches!(b, b' ' | b'.' | b'-' | b'_' | b'*') {
-            c |= SEPARATOR;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-};
-
-/// Whether `text` shows leetspeak (a leet character between letters, as in
-/// `1gn0re`) or spaced-out letters (`i g n o r e`, `i.g.n.o.r.e`): the
-/// signs that the folded view is worth building.
-pub(crate) fn looks_obfuscated(text: &str) -> bool {
-    let b = text.as_bytes();
-    let Some((&first, rest)) = b.split_first() else {
-        return false;
-    };
-    let mut prev = CLASS[usize::from(first)];
-    let mut isolated_run = 0u32;
-    for (i, &byte) in rest.iter().enumerate() {
-        let Some(&after) = rest.get(i + 1) else { break };
-        let cur = CLASS[usize::from(byte)];
-        if cur & (ALNUM | LEET) != 0 {
-            let next = || CLASS[usize::from(after)];
-            if cur & LEET != 0 && prev & ALPHA != 0 && next() & ALPHA != 0 {
-                return true;
-            }
-            // A letter with a separator on both sides, as in "a.b.c".
-            if cur & ALPHA != 0 && prev & SEPARATOR != 0 && next() & SEPARATOR != 0 {
-                isolated_run += 1;
-                if isolated_run >= 4 {
-                    return true;
-                }
-            } else if cur & ALNUM != 0 {
-                isolated_run = 0;
-            }
-        }
-        prev = cur;
-    }
-    false
-}
-
 /// The folded view: letters only, lower case, leetspeak undone. Spaces and
 /// punctuation vanish, so `I g-n-0 r e  a l l` reads `ignoreall`.
 pub(crate) fn fold(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
     let b = text.as_bytes();
-    for (i, c) in text.char_indices() {
-        if c.is_ascii() {
-            let byte = c as u8;
+    let mut out: Vec<u8> = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < b.len() {
+        let byte = b[i];
+        if byte.is_ascii() {
             if byte.is_ascii_alphabetic() {
-                out.push(byte.to_ascii_lowercase() as char);
+                out.push(byte.to_ascii_lowercase());
             } else if let Some(l) = leet(byte) {
                 // A leet character counts only next to a letter.
                 let before = i > 0 && b[i - 1].is_ascii_alphanumeric();
                 let after = b.get(i + 1).is_some_and(|n| n.is_ascii_alphanumeric());
                 if before || after {
-                    out.push(l as char);
+                    out.push(l);
                 }
             }
-        } else if c.is_alphabetic() {
-            out.extend(c.to_lowercase());
+            i += 1;
+            continue;
         }
+        let c = text[i..].chars().next().expect("a character starts here");
+        if c.is_alphabetic() {
+            let mut buf = [0u8; 4];
+            for l in c.to_lowercase() {
+                out.extend_from_slice(l.encode_utf8(&mut buf).as_bytes());
+            }
+        }
+        i += c.len_utf8();
     }
-    out
+    String::from_utf8(out).expect("whole characters only")
 }
 
 #[cfg(test)]
@@ -233,10 +171,7 @@ mod tests {
     }
 
     #[test]
-    fn leet_and_spacing_are_seen_and_folded() {
-        assert!(looks_obfuscated("1gn0r3 all pr3v10us"));
-        assert!(looks_obfuscated("i g n o r e this"));
-        assert!(!looks_obfuscated("Meet me at 10 am in room 4b."));
+    fn leet_and_spacing_are_folded() {
         assert_eq!(fold("1gn0r3  a-l-l"), "ignoreall");
     }
 }

@@ -1,0 +1,288 @@
+//! The signs, read in one pass over a text's bytes, that the folded view
+//! (leetspeak, spaced-out letters) or the payload decoder (base64 and hex
+//! runs, percent escapes) has anything to find. Most texts show none and
+//! skip both.
+
+/// The shortest run of base64 or hex characters worth decoding.
+pub(crate) const MIN_RUN: usize = 16;
+
+/// The letter a leetspeak character stands for.
+pub(crate) const fn leet(b: u8) -> Option<u8> {
+    Some(match b {
+        b'0' => b'o',
+        b'1' | b'!' | b'|' => b'i',
+        b'3' => b'e',
+        b'4' | b'@' => b'a',
+        b'5' | b'$' => b's',
+        b'7' | b'+' => b't',
+        b'8' => b'b',
+        b'9' => b'g',
+        _ => return None,
+    })
+}
+
+/// Whether `b` is in the base64 alphabet (standard or URL-safe) or `=`.
+pub(crate) const fn is_base64(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_' | b'=')
+}
+
+/// What a byte is to the obfuscation check.
+const OTHER: u8 = 0;
+const LETTER: u8 = 1;
+const LEET_DIGIT: u8 = 2;
+const DIGIT: u8 = 3;
+const LEET_SYMBOL: u8 = 4;
+const SEPARATOR: u8 = 5;
+/// Categories, padded to a power of two.
+const CATS: usize = 8;
+const CATEGORY: u8 = 7;
+
+static CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        let c = if b.is_ascii_alphabetic() {
+            LETTER
+        } else if b.is_ascii_digit() {
+            if leet(b).is_some() {
+                LEET_DIGIT
+            } else {
+                DIGIT
+            }
+        } else if leet(b).is_some() {
+            LEET_SYMBOL
+        } else if matches!(b, b' ' | b'.' | b'-' | b'_' | b'*') {
+            SEPARATOR
+        } else {
+            OTHER
+        };
+        t[i] = c;
+        i += 1;
+    }
+    t
+};
+
+/// The obfuscation check as a state machine over byte categories. A
+/// state is the categories of the last two bytes and the run of isolated
+/// letters so far (0..=3), times [`CATS`]; one more state says the text
+/// is obfuscated, for good.
+const STATES: usize = 6 * 6 * 4;
+const OBFUSCATED: u16 = (STATES * CATS) as u16;
+
+/// Padded to a power of two, so that an index masked to it needs no check.
+static STEP: [u16; ((STATES + 1) * CATS).next_power_of_two()] = {
+    let mut t = [OBFUSCATED; ((STATES + 1) * CATS).next_power_of_two()];
+    let mut before = 0;
+    while before < 6 {
+        let mut mid = 0;
+        while mid < 6 {
+            let mut run = 0;
+            while run < 4 {
+                let mut after = 0;
+                while after < CATS {
+                    let from = ((before * 6 + mid) * 4 + run) * CATS + after;
+                    t[from] = step(before as u8, mid as u8, run, after as u8);
+                    after += 1;
+                }
+                run += 1;
+            }
+            mid += 1;
+        }
+        before += 1;
+    }
+    t
+};
+
+/// The next state once `after` follows `before` and `mid`, with `run`
+/// isolated letters so far: a leet character between letters (`1gn0re`)
+/// or a fourth letter in a row with a separator on both sides (`i g n o`,
+/// `i.g.n.o`) make the text obfuscated; a letter or digit that is not
+/// isolated ends the run.
+const fn step(before: u8, mid: u8, mut run: usize, after: u8) -> u16 {
+    let after = if after >= 6 { OTHER } else { after };
+    let is_leet = mid == LEET_DIGIT || mid == LEET_SYMBOL;
+    if is_leet && before == LETTER && after == LETTER {
+        return OBFUSCATED;
+    }
+    if mid == LETTER && before == SEPARATOR && after == SEPARATOR {
+        run += 1;
+        if run >= 4 {
+            return OBFUSCATED;
+        }
+    } else if mid == LETTER || mid == LEET_DIGIT || mid == DIGIT {
+        run = 0;
+    }
+    (((mid as usize * 6 + after as usize) * 4 + run) * CATS) as u16
+}
+
+/// Whether `bytes` hold a run of at least [`MIN_RUN`] base64-alphabet
+/// bytes, and how many `%` they hold, read eight bytes at a time. A long
+/// run holds a whole aligned block of eight, all printable ASCII: only a
+/// block that is is looked at byte by byte, with its neighbours.
+fn blocks(bytes: &[u8]) -> (bool, u32) {
+    const ONES: u64 = u64::from_ne_bytes([0x21; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    const LOW7: u64 = u64::from_ne_bytes([0x7F; 8]);
+    const PERCENTS: u64 = u64::from_ne_bytes([b'%'; 8]);
+    let mut long_run = false;
+    let mut percents = 0u32;
+    let mut chunks = bytes.chunks_exact(8);
+    for (k, block) in chunks.by_ref().enumerate() {
+        let word = u64::from_le_bytes(block.try_into().expect("a block of eight"));
+        // The high bit of each byte that is `%`: zero after the xor, the
+        // only bytes whose low seven bits plus 0x7F stay below 0x80 and
+        // whose own high bit is clear (no carry crosses a byte).
+        let y = word ^ PERCENTS;
+        percents += (!(((y & LOW7) + LOW7) | y | LOW7)).count_ones();
+        // A byte below 0x21 sets its high bit in the difference (and a
+        // borrow only runs on from such a byte); one above 0x7F has it set.
+        if long_run || (word.wrapping_sub(ONES) | word) & HIGH != 0 {
+            continue;
+        }
+        if !block.iter().all(|&b| is_base64(b)) {
+            continue;
+        }
+        let start = k * 8;
+        let before = bytes[..start]
+            .iter()
+            .rev()
+            .take_while(|&&b| is_base64(b))
+            .count();
+        let after = bytes[start + 8..]
+            .iter()
+            .take_while(|&&b| is_base64(b))
+            .count();
+        long_run = before + 8 + after >= MIN_RUN;
+    }
+    let rest = chunks.remainder();
+    percents += rest.iter().filter(|&&b| b == b'%').count() as u32;
+    (long_run, percents)
+}
+
+/// The signs seen in a text.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Signs {
+    /// The obfuscation check's state.
+    state: u16,
+    /// Whether a run of base64-alphabet bytes reached [`MIN_RUN`].
+    long_run: bool,
+    percents: u32,
+}
+
+impl Signs {
+    /// The signs of `text`.
+    pub(crate) fn of(text: &str) -> Self {
+        let bytes = text.as_bytes();
+        let mut state = 0u16;
+        for &b in bytes {
+            let c = CLASS[usize::from(b)];
+            state = STEP[(usize::from(state) + usize::from(c & CATEGORY)) & (STEP.len() - 1)];
+        }
+        let (long_run, percents) = blocks(bytes);
+        Signs {
+            state,
+            long_run,
+            percents,
+        }
+    }
+
+    /// Whether the text shows leetspeak (a leet character between letters,
+    /// as in `1gn0re`) or spaced-out letters (`i g n o r e`, `i.g.n.o.r.e`):
+    /// the signs that the folded view is worth building.
+    pub(crate) fn obfuscated(&self) -> bool {
+        self.state == OBFUSCATED
+    }
+
+    /// Whether the text holds a run of base64 or hex characters long enough
+    /// to decode.
+    pub(crate) fn long_run(&self) -> bool {
+        self.long_run
+    }
+
+    /// How many `%` the text holds (percent escapes are at most as many).
+    pub(crate) fn percents(&self) -> usize {
+        self.percents as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signs(text: &str) -> Signs {
+        Signs::of(text)
+    }
+
+    /// The obfuscation check written as a plain scan, for comparison.
+    fn looks_obfuscated(text: &str) -> bool {
+        let alpha = |b: u8| b.is_ascii_alphabetic();
+        let alnum = |b: u8| b.is_ascii_alphanumeric();
+        let is_leet = |b: u8| leet(b).is_some();
+        let sep = |b: u8| matches!(b, b' ' | b'.' | b'-' | b'_' | b'*');
+        let b = text.as_bytes();
+        let mut isolated_run = 0u32;
+        for i in 1..b.len().saturating_sub(1) {
+            let (prev, cur, next) = (b[i - 1], b[i], b[i + 1]);
+            if is_leet(cur) && alpha(prev) && alpha(next) {
+                return true;
+            }
+            if alpha(cur) && sep(prev) && sep(next) {
+                isolated_run += 1;
+                if isolated_run >= 4 {
+                    return true;
+                }
+            } else if alnum(cur) {
+                isolated_run = 0;
+            }
+        }
+        false
+    }
+
+    #[test]
+    fn leet_and_spacing_are_seen() {
+        assert!(signs("1gn0r3 all pr3v10us").obfuscated());
+        assert!(signs("i g n o r e this").obfuscated());
+        assert!(signs("i.g.n.o.r.e").obfuscated());
+        assert!(!signs("Meet me at 10 am in room 4b.").obfuscated());
+        assert!(!signs("a b c").obfuscated());
+        assert!(!signs("").obfuscated());
+    }
+
+    #[test]
+    fn the_signs_agree_with_a_plain_scan_on_random_texts() {
+        // A small xorshift: the texts are random but the same every run.
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        const ALPHABET: &[u8] = b"ab ign0r3.-_*4!|$+%=/xyz1 \n";
+        for _ in 0..20_000 {
+            let len = (next() % 40) as usize;
+            let text: String = (0..len)
+                .map(|_| char::from(ALPHABET[(next() % ALPHABET.len() as u64) as usize]))
+                .collect();
+            let s = signs(&text);
+            assert_eq!(s.obfuscated(), looks_obfuscated(&text), "{text:?}");
+            let longest = text
+                .as_bytes()
+                .split(|b| !is_base64(*b))
+                .map(<[u8]>::len)
+                .max()
+                .unwrap_or(0);
+            assert_eq!(s.long_run(), longest >= MIN_RUN, "{text:?}");
+            assert_eq!(s.percents(), text.matches('%').count(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn base64_runs_and_percents_are_counted() {
+        let s = signs("x aWdub3JlIGFsbCBwcmV2aW91cw== y");
+        assert!(s.long_run());
+        assert!(!signs("short words only, nothing long here").long_run());
+        assert_eq!(signs("a%20b%20c%2").percents(), 3);
+    }
+}
