@@ -26,7 +26,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -81,18 +81,20 @@ struct Inner {
     parent: Option<RunContext>,
     /// The agent running the run: the one it started with, then each one
     /// it was handed over to.
-    agent_name: RwLock<Option<Arc<str>>>,
+    agent_name: Mutex<Option<Arc<str>>>,
     iteration: AtomicU32,
     cancel: CancellationToken,
     deadline: Option<Instant>,
     /// When the root run's context was made: what a deadline is measured from.
     started: Instant,
     state: Mutex<http::Extensions>,
-    ledger: Mutex<Ledger>,
+    /// Allocated when the first usage is recorded: a run waiting on its
+    /// first answer holds a pointer, not the ledger's room.
+    ledger: Mutex<Option<Box<Ledger>>>,
     prices: OnceLock<Arc<PriceTable>>,
     events: Arc<dyn EventSink>,
     /// The hook points installed in the run (see `crate::hooks`), opaque here.
-    port: RwLock<Option<PortSlot>>,
+    port: Mutex<Option<PortSlot>>,
     /// Set when a middleware of this run, or of a run it is nested in,
     /// failed in this run or below: such an error fails this run too.
     hook_failed: AtomicBool,
@@ -138,6 +140,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// `f` of the ledger, locked, made first if need be.
+fn with_ledger<R>(slot: &Mutex<Option<Box<Ledger>>>, f: impl FnOnce(&mut Ledger) -> R) -> R {
+    f(lock(slot).get_or_insert_with(Box::default))
+}
+
 /// A fresh, random run id such as `run_3f9a0c1b2d4e5f60`.
 pub fn new_run_id() -> Arc<str> {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -170,7 +177,7 @@ impl RunContext {
                 run_id: new_run_id(),
                 thread_id: self.inner.thread_id.clone(),
                 parent: Some(self.clone()),
-                agent_name: RwLock::new(None),
+                agent_name: Mutex::new(None),
                 iteration: AtomicU32::new(0),
                 cancel: self.inner.cancel.child_token(),
                 deadline: self.inner.deadline,
@@ -184,7 +191,7 @@ impl RunContext {
                     .cloned()
                     .map_or_else(OnceLock::new, OnceLock::from),
                 events: self.inner.events.clone(),
-                port: RwLock::new(self.port_slot()),
+                port: Mutex::new(self.port_slot()),
                 hook_failed: AtomicBool::new(false),
                 rare: Mutex::default(),
                 watched: AtomicBool::new(false),
@@ -236,21 +243,13 @@ impl RunContext {
     /// The agent running this context, once the run started: after a
     /// handoff, the agent the run was handed over to.
     pub fn agent_name(&self) -> Option<Arc<str>> {
-        self.inner
-            .agent_name
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.inner.agent_name).clone()
     }
 
     /// Names the agent running this context. The first name set stays (a
     /// handoff moves it on).
     pub fn set_agent_name(&self, name: &Arc<str>) {
-        let mut current = self
-            .inner
-            .agent_name
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut current = lock(&self.inner.agent_name);
         if current.is_none() {
             *current = Some(name.clone());
         }
@@ -258,11 +257,7 @@ impl RunContext {
 
     /// The run was handed over to the agent `name`.
     pub(crate) fn hand_to_agent(&self, name: &Arc<str>) {
-        *self
-            .inner
-            .agent_name
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(name.clone());
+        *lock(&self.inner.agent_name) = Some(name.clone());
     }
 
     /// The model turn: 0 before the first, then 1, 2, …
@@ -356,12 +351,12 @@ impl RunContext {
             usage,
             cost,
         };
-        let mut own = lock(&self.inner.ledger);
-        own.own += usage;
-        if let Some(cost) = cost {
-            *own.own_cost.get_or_insert(Cost::ZERO) += cost;
-        }
-        drop(own);
+        with_ledger(&self.inner.ledger, |own| {
+            own.own += usage;
+            if let Some(cost) = cost {
+                *own.own_cost.get_or_insert(Cost::ZERO) += cost;
+            }
+        });
         if let Some(cost) = cost {
             self.emit(|| AgentEvent::CostRecorded {
                 run_id: self.inner.run_id.clone(),
@@ -372,43 +367,53 @@ impl RunContext {
         }
         let mut ctx = Some(self);
         while let Some(c) = ctx {
-            let mut ledger = lock(&c.inner.ledger);
-            ledger.total += usage;
-            if let Some(cost) = cost {
-                *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
-            }
-            ledger.entries.push(entry.clone());
-            drop(ledger);
+            with_ledger(&c.inner.ledger, |ledger| {
+                ledger.total += usage;
+                if let Some(cost) = cost {
+                    *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
+                }
+                if ledger.entries.capacity() == 0 {
+                    // Many runs make one call: room for one entry, not four.
+                    ledger.entries.reserve_exact(1);
+                }
+                ledger.entries.push(entry.clone());
+            });
             ctx = c.parent();
         }
     }
 
+    /// `f` of the ledger, once a usage was recorded.
+    fn read_ledger<R>(&self, f: impl FnOnce(&Ledger) -> R) -> Option<R> {
+        lock(&self.inner.ledger).as_deref().map(f)
+    }
+
     /// Starts the ledger from a checkpoint's figures (a resumed run).
     pub(crate) fn seed_usage(&self, own: Usage, total: Usage) {
-        let mut ledger = lock(&self.inner.ledger);
-        ledger.own += own;
-        ledger.total += total;
+        with_ledger(&self.inner.ledger, |ledger| {
+            ledger.own += own;
+            ledger.total += total;
+        });
     }
 
     /// The usage of this run's own model calls.
     pub fn usage(&self) -> Usage {
-        lock(&self.inner.ledger).own
+        self.read_ledger(|l| l.own).unwrap_or_default()
     }
 
     /// The usage of this run and of every run nested in it.
     pub fn total_usage(&self) -> Usage {
-        lock(&self.inner.ledger).total
+        self.read_ledger(|l| l.total).unwrap_or_default()
     }
 
     /// The priced cost of this run's own model calls, once a price table
     /// priced one.
     pub fn cost(&self) -> Option<Cost> {
-        lock(&self.inner.ledger).own_cost
+        self.read_ledger(|l| l.own_cost).flatten()
     }
 
     /// The priced cost of this run and every run nested in it.
     pub fn total_cost(&self) -> Option<Cost> {
-        lock(&self.inner.ledger).total_cost
+        self.read_ledger(|l| l.total_cost).flatten()
     }
 
     /// Prices this run's usage (and its nested runs', when they start after
@@ -426,7 +431,7 @@ impl RunContext {
     /// One entry per model call of this run and the runs nested in it, in
     /// the order they were recorded.
     pub fn usage_entries(&self) -> Vec<UsageEntry> {
-        lock(&self.inner.ledger).entries.clone()
+        self.read_ledger(|l| l.entries.clone()).unwrap_or_default()
     }
 
     /// The event sink.
@@ -608,30 +613,18 @@ impl RunContext {
     /// The hook points installed for this run, opaque: `crate::hooks` reads
     /// them.
     pub(crate) fn port_slot(&self) -> Option<PortSlot> {
-        self.inner
-            .port
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.inner.port).clone()
     }
 
     /// Installs the hook points the run loop calls, replacing any.
     pub(crate) fn set_port_slot(&self, slot: PortSlot) {
-        *self
-            .inner
-            .port
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(slot);
+        *lock(&self.inner.port) = Some(slot);
     }
 
     /// Removes the hook points installed in the run (a handoff to an agent
     /// without middleware, in a run that had only the first agent's).
     pub(crate) fn clear_port_slot(&self) {
-        *self
-            .inner
-            .port
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = None;
+        *lock(&self.inner.port) = None;
     }
 
     /// Records that a middleware installed in the run `levels` runs up
@@ -755,7 +748,7 @@ impl RunContextBuilder {
                 run_id: self.run_id.unwrap_or_else(new_run_id),
                 thread_id: self.thread_id,
                 parent: None,
-                agent_name: RwLock::new(None),
+                agent_name: Mutex::new(None),
                 iteration: AtomicU32::new(0),
                 cancel: self.cancel.unwrap_or_default(),
                 deadline: self.deadline,
@@ -764,7 +757,7 @@ impl RunContextBuilder {
                 ledger: Mutex::default(),
                 prices: OnceLock::new(),
                 events: self.events.unwrap_or_else(noop_sink),
-                port: RwLock::new(None),
+                port: Mutex::new(None),
                 hook_failed: AtomicBool::new(false),
                 rare: Mutex::default(),
                 watched: AtomicBool::new(false),
