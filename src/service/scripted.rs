@@ -245,7 +245,6 @@ enum Reply {
     Later(BoxFuture<'static, Result<ModelResponse, BoxError>>),
 }
 
-
 fn no_more_turns() -> BoxError {
     ProviderError::new(ErrorKind::InvalidRequest, "the script has no more turns").into()
 }
