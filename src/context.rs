@@ -26,7 +26,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -79,30 +79,40 @@ struct Inner {
     run_id: Arc<str>,
     thread_id: Option<Arc<str>>,
     parent: Option<RunContext>,
-    /// The agent running the run: the one it started with, then each one
-    /// it was handed over to.
-    agent_name: RwLock<Option<Arc<str>>>,
     iteration: AtomicU32,
     cancel: CancellationToken,
     deadline: Option<Instant>,
     /// When the root run's context was made: what a deadline is measured from.
     started: Instant,
     state: Mutex<http::Extensions>,
-    ledger: Mutex<Ledger>,
+    /// The agent's name, the hook points, the ledger and the rare parts.
+    shared: Mutex<Shared>,
     prices: OnceLock<Arc<PriceTable>>,
     events: Arc<dyn EventSink>,
-    /// The hook points installed in the run (see `crate::hooks`), opaque here.
-    port: RwLock<Option<PortSlot>>,
     /// Set when a middleware of this run, or of a run it is nested in,
     /// failed in this run or below: such an error fails this run too.
     hook_failed: AtomicBool,
-    /// Context, a stop, a bracket, a prelude: allocated when first used.
-    rare: Mutex<Option<Box<Rare>>>,
     /// Set once something watches the run's messages (see
     /// `lifecycle::edit_watch`): until then the hook points skip the lookup.
     watched: AtomicBool,
     /// Set once `stop` holds a reason without `by`: lets attribution skip the lock.
     stop_unattributed: AtomicBool,
+}
+
+/// What the run's handles change as it goes: a pointer or two each, so one
+/// lock for all of them (none is held while another is taken).
+#[derive(Default)]
+struct Shared {
+    /// The agent running the run: the one it started with, then each one
+    /// it was handed over to.
+    agent_name: Option<Arc<str>>,
+    /// The hook points installed in the run (see `crate::hooks`), opaque here.
+    port: Option<PortSlot>,
+    /// Allocated when the first usage is recorded: a run waiting on its
+    /// first answer holds a pointer, not the ledger's room.
+    ledger: Option<Box<Ledger>>,
+    /// Context, a stop, a bracket, a prelude: allocated when first used.
+    rare: Option<Box<Rare>>,
 }
 
 /// What many runs never use, kept off the context until they do (every
@@ -138,6 +148,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// `f` of `ctx`'s ledger, locked, made first if need be.
+fn with_ledger<R>(ctx: &RunContext, f: impl FnOnce(&mut Ledger) -> R) -> R {
+    f(ctx.shared().ledger.get_or_insert_with(Box::default))
+}
+
 /// A fresh, random run id such as `run_3f9a0c1b2d4e5f60`.
 pub fn new_run_id() -> Arc<str> {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -170,13 +185,11 @@ impl RunContext {
                 run_id: new_run_id(),
                 thread_id: self.inner.thread_id.clone(),
                 parent: Some(self.clone()),
-                agent_name: RwLock::new(None),
                 iteration: AtomicU32::new(0),
                 cancel: self.inner.cancel.child_token(),
                 deadline: self.inner.deadline,
                 started: self.inner.started,
                 state: Mutex::default(),
-                ledger: Mutex::default(),
                 prices: self
                     .inner
                     .prices
@@ -184,9 +197,11 @@ impl RunContext {
                     .cloned()
                     .map_or_else(OnceLock::new, OnceLock::from),
                 events: self.inner.events.clone(),
-                port: RwLock::new(self.port_slot()),
+                shared: Mutex::new(Shared {
+                    port: self.port_slot(),
+                    ..Shared::default()
+                }),
                 hook_failed: AtomicBool::new(false),
-                rare: Mutex::default(),
                 watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
             }),
@@ -236,33 +251,21 @@ impl RunContext {
     /// The agent running this context, once the run started: after a
     /// handoff, the agent the run was handed over to.
     pub fn agent_name(&self) -> Option<Arc<str>> {
-        self.inner
-            .agent_name
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.shared().agent_name.clone()
     }
 
     /// Names the agent running this context. The first name set stays (a
     /// handoff moves it on).
     pub fn set_agent_name(&self, name: &Arc<str>) {
-        let mut current = self
-            .inner
-            .agent_name
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        if current.is_none() {
-            *current = Some(name.clone());
+        let mut shared = self.shared();
+        if shared.agent_name.is_none() {
+            shared.agent_name = Some(name.clone());
         }
     }
 
     /// The run was handed over to the agent `name`.
     pub(crate) fn hand_to_agent(&self, name: &Arc<str>) {
-        *self
-            .inner
-            .agent_name
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(name.clone());
+        self.shared().agent_name = Some(name.clone());
     }
 
     /// The model turn: 0 before the first, then 1, 2, …
@@ -356,12 +359,12 @@ impl RunContext {
             usage,
             cost,
         };
-        let mut own = lock(&self.inner.ledger);
-        own.own += usage;
-        if let Some(cost) = cost {
-            *own.own_cost.get_or_insert(Cost::ZERO) += cost;
-        }
-        drop(own);
+        with_ledger(self, |own| {
+            own.own += usage;
+            if let Some(cost) = cost {
+                *own.own_cost.get_or_insert(Cost::ZERO) += cost;
+            }
+        });
         if let Some(cost) = cost {
             self.emit(|| AgentEvent::CostRecorded {
                 run_id: self.inner.run_id.clone(),
@@ -372,43 +375,53 @@ impl RunContext {
         }
         let mut ctx = Some(self);
         while let Some(c) = ctx {
-            let mut ledger = lock(&c.inner.ledger);
-            ledger.total += usage;
-            if let Some(cost) = cost {
-                *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
-            }
-            ledger.entries.push(entry.clone());
-            drop(ledger);
+            with_ledger(c, |ledger| {
+                ledger.total += usage;
+                if let Some(cost) = cost {
+                    *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
+                }
+                if ledger.entries.capacity() == 0 {
+                    // Many runs make one call: room for one entry, not four.
+                    ledger.entries.reserve_exact(1);
+                }
+                ledger.entries.push(entry.clone());
+            });
             ctx = c.parent();
         }
     }
 
+    /// `f` of the ledger, once a usage was recorded.
+    fn read_ledger<R>(&self, f: impl FnOnce(&Ledger) -> R) -> Option<R> {
+        self.shared().ledger.as_deref().map(f)
+    }
+
     /// Starts the ledger from a checkpoint's figures (a resumed run).
     pub(crate) fn seed_usage(&self, own: Usage, total: Usage) {
-        let mut ledger = lock(&self.inner.ledger);
-        ledger.own += own;
-        ledger.total += total;
+        with_ledger(self, |ledger| {
+            ledger.own += own;
+            ledger.total += total;
+        });
     }
 
     /// The usage of this run's own model calls.
     pub fn usage(&self) -> Usage {
-        lock(&self.inner.ledger).own
+        self.read_ledger(|l| l.own).unwrap_or_default()
     }
 
     /// The usage of this run and of every run nested in it.
     pub fn total_usage(&self) -> Usage {
-        lock(&self.inner.ledger).total
+        self.read_ledger(|l| l.total).unwrap_or_default()
     }
 
     /// The priced cost of this run's own model calls, once a price table
     /// priced one.
     pub fn cost(&self) -> Option<Cost> {
-        lock(&self.inner.ledger).own_cost
+        self.read_ledger(|l| l.own_cost).flatten()
     }
 
     /// The priced cost of this run and every run nested in it.
     pub fn total_cost(&self) -> Option<Cost> {
-        lock(&self.inner.ledger).total_cost
+        self.read_ledger(|l| l.total_cost).flatten()
     }
 
     /// Prices this run's usage (and its nested runs', when they start after
@@ -426,7 +439,7 @@ impl RunContext {
     /// One entry per model call of this run and the runs nested in it, in
     /// the order they were recorded.
     pub fn usage_entries(&self) -> Vec<UsageEntry> {
-        lock(&self.inner.ledger).entries.clone()
+        self.read_ledger(|l| l.entries.clone()).unwrap_or_default()
     }
 
     /// The event sink.
@@ -451,9 +464,14 @@ impl RunContext {
         });
     }
 
+    /// The parts of the context that change, locked.
+    fn shared(&self) -> MutexGuard<'_, Shared> {
+        lock(&self.inner.shared)
+    }
+
     /// Runs `f` on the context's rarely used parts, allocated first if need be.
     fn with_rare<R>(&self, f: impl FnOnce(&mut Rare) -> R) -> R {
-        f(lock(&self.inner.rare).get_or_insert_with(Box::default))
+        f(self.shared().rare.get_or_insert_with(Box::default))
     }
 
     /// Adds a system message to the next model call, kept in the transcript.
@@ -463,7 +481,8 @@ impl RunContext {
 
     /// Takes the texts [`add_context`](Self::add_context) collected.
     pub fn take_context(&self) -> Vec<String> {
-        lock(&self.inner.rare)
+        self.shared()
+            .rare
             .as_mut()
             .map(|rare| std::mem::take(&mut rare.pending_context))
             .unwrap_or_default()
@@ -481,7 +500,8 @@ impl RunContext {
 
     /// Takes the texts [`add_run_context`](Self::add_run_context) collected.
     pub(crate) fn take_run_context(&self) -> Vec<String> {
-        lock(&self.inner.rare)
+        self.shared()
+            .rare
             .as_mut()
             .map(|rare| std::mem::take(&mut rare.prelude.context))
             .unwrap_or_default()
@@ -498,7 +518,8 @@ impl RunContext {
 
     /// Takes what [`provide_history`](Self::provide_history) gave.
     pub(crate) fn take_provided_history(&self) -> Option<History> {
-        lock(&self.inner.rare)
+        self.shared()
+            .rare
             .as_mut()
             .and_then(|rare| rare.prelude.history.take())
     }
@@ -536,7 +557,8 @@ impl RunContext {
 
     /// The stop asked for, if any. The first request wins.
     pub fn stop_requested(&self) -> Option<StopReason> {
-        lock(&self.inner.rare)
+        self.shared()
+            .rare
             .as_ref()
             .and_then(|rare| rare.stop.clone())
     }
@@ -549,7 +571,9 @@ impl RunContext {
         if !self.inner.stop_unattributed.load(Ordering::Acquire) {
             return;
         }
-        if let Some(stop) = lock(&self.inner.rare)
+        if let Some(stop) = self
+            .shared()
+            .rare
             .as_mut()
             .and_then(|rare| rare.stop.as_mut())
         {
@@ -573,14 +597,16 @@ impl RunContext {
     /// Whether a lifecycle layer brackets this run. See
     /// [`mark_bracketed`](Self::mark_bracketed).
     pub(crate) fn is_bracketed(&self) -> bool {
-        lock(&self.inner.rare)
+        self.shared()
+            .rare
             .as_ref()
             .is_some_and(|rare| rare.bracket.is_some())
     }
 
     /// Takes the context the bracketing layer's `before_agent` hooks added.
     pub(crate) fn take_bracket_context(&self) -> Vec<String> {
-        lock(&self.inner.rare)
+        self.shared()
+            .rare
             .as_mut()
             .and_then(|rare| rare.bracket.as_mut())
             .map(std::mem::take)
@@ -608,30 +634,18 @@ impl RunContext {
     /// The hook points installed for this run, opaque: `crate::hooks` reads
     /// them.
     pub(crate) fn port_slot(&self) -> Option<PortSlot> {
-        self.inner
-            .port
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.shared().port.clone()
     }
 
     /// Installs the hook points the run loop calls, replacing any.
     pub(crate) fn set_port_slot(&self, slot: PortSlot) {
-        *self
-            .inner
-            .port
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(slot);
+        self.shared().port = Some(slot);
     }
 
     /// Removes the hook points installed in the run (a handoff to an agent
     /// without middleware, in a run that had only the first agent's).
     pub(crate) fn clear_port_slot(&self) {
-        *self
-            .inner
-            .port
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.shared().port = None;
     }
 
     /// Records that a middleware installed in the run `levels` runs up
@@ -755,18 +769,15 @@ impl RunContextBuilder {
                 run_id: self.run_id.unwrap_or_else(new_run_id),
                 thread_id: self.thread_id,
                 parent: None,
-                agent_name: RwLock::new(None),
                 iteration: AtomicU32::new(0),
                 cancel: self.cancel.unwrap_or_default(),
                 deadline: self.deadline,
                 started: Instant::now(),
                 state: Mutex::new(self.state),
-                ledger: Mutex::default(),
                 prices: OnceLock::new(),
                 events: self.events.unwrap_or_else(noop_sink),
-                port: RwLock::new(None),
+                shared: Mutex::default(),
                 hook_failed: AtomicBool::new(false),
-                rare: Mutex::default(),
                 watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
             }),

@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 use tower::Service;
 
 use crate::error::{BoxError, ErrorKind, ProviderError};
-use crate::request::{ModelCall, ModelCallParts};
+use crate::request::ModelCall;
 use crate::types::{Message, ModelDelta, ModelRequest, ModelResponse, ToolCall, Usage};
 
 /// One answer of a [`ScriptedModel`]: a message (text, tool calls or both),
@@ -237,6 +237,105 @@ fn estimate(bytes: u64) -> u64 {
     bytes.div_ceil(4)
 }
 
+/// What a turn answers: now, or after the turn's own delay. An answer
+/// now is returned, never held across an `.await`: it is the size of a
+/// whole response.
+enum Reply {
+    Now(Result<ModelResponse, BoxError>),
+    Later(BoxFuture<'static, Result<ModelResponse, BoxError>>),
+}
+
+fn no_more_turns() -> BoxError {
+    ProviderError::new(ErrorKind::InvalidRequest, "the script has no more turns").into()
+}
+
+impl ScriptedModel {
+    fn note(&self, call: &ModelCall) {
+        if self.inner.record {
+            self.inner
+                .seen
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(call.request.clone());
+        }
+    }
+
+    /// Answers `call` with `turn`, or with the script's next turn.
+    fn reply(self, call: ModelCall, turn: Option<ScriptedTurn>) -> Reply {
+        let Some(turn) = turn.or_else(|| self.next_turn(&call.request)) else {
+            return Reply::Now(Err(no_more_turns()));
+        };
+        match turn.delay.filter(|d| !d.is_zero()) {
+            // Rare: the wait and what it keeps get a future of their own.
+            Some(delay) => Reply::Later(Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                self.answer(&call, turn)
+            })),
+            None => Reply::Now(self.answer(&call, turn)),
+        }
+    }
+
+    /// The response to `call`: built only now, once every wait is over.
+    fn answer(&self, call: &ModelCall, turn: ScriptedTurn) -> Result<ModelResponse, BoxError> {
+        let mut message = match turn.answer {
+            Ok(message) => message,
+            Err((kind, text, retry_after)) => {
+                let mut err = ProviderError::new(kind, text);
+                if let Some(after) = retry_after {
+                    err = err.retry_after(after);
+                }
+                return Err(err.into());
+            }
+        };
+        for tool_call in &mut message.tool_calls {
+            // Every call counts, so numbered ids never repeat given ones.
+            let n = self
+                .inner
+                .next_call_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if tool_call.id.is_empty() {
+                tool_call.id = format!("call_{}", n + 1);
+            }
+        }
+        if let Some(sink) = &call.stream {
+            let text = message.text();
+            let mut rest: &str = &text;
+            while !rest.is_empty() {
+                let end = rest
+                    .char_indices()
+                    .nth(turn.chunk_chars)
+                    .map_or(rest.len(), |(i, _)| i);
+                sink.send(&ModelDelta::text(&rest[..end]));
+                rest = &rest[end..];
+            }
+            for (index, tool_call) in message.tool_calls.iter().enumerate() {
+                sink.send(&ModelDelta::ToolCall {
+                    index,
+                    id: Some(tool_call.id.clone()),
+                    name: Some(tool_call.name.clone()),
+                    arguments: tool_call.arguments.clone(),
+                });
+            }
+        }
+        let request = &call.request;
+        let usage = turn.usage.unwrap_or_else(|| {
+            Usage::new(
+                estimate(request.messages.text_len()),
+                estimate(message.text_len() as u64),
+            )
+        });
+        let model = if request.model.is_empty() {
+            self.inner.name.clone()
+        } else {
+            request.model.to_string()
+        };
+        call.context.record_usage(&model, usage);
+        let mut response = ModelResponse::new(model, message).usage(usage);
+        response.usage_recorded = true;
+        Ok(response)
+    }
+}
+
 impl Service<ModelCall> for ScriptedModel {
     type Response = ModelResponse;
     type Error = BoxError;
@@ -246,88 +345,44 @@ impl Service<ModelCall> for ScriptedModel {
         Poll::Ready(Ok(()))
     }
 
+    /// A call waiting on the model's latency holds the model, the call and
+    /// the timer, nothing else: a function script answers once the wait is
+    /// over, and the response is built then. A list of turns gives each
+    /// call its turn when the call begins, in call order.
     fn call(&mut self, call: ModelCall) -> Self::Future {
         let this = self.clone();
-        Box::pin(async move {
-            let ModelCallParts {
-                request,
-                stream,
-                context,
-                ..
-            } = call.into_parts();
-            if this.inner.record {
-                this.inner
-                    .seen
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(request.clone());
-            }
-            let turn = this.next_turn(&request).ok_or_else(|| {
-                ProviderError::new(ErrorKind::InvalidRequest, "the script has no more turns")
-            })?;
-            // Zero means no wait at all: tokio's timer would still round a
-            // zero sleep up to its next millisecond tick.
-            if let Some(latency) = this.inner.latency.filter(|d| !d.is_zero()) {
-                tokio::time::sleep(latency).await;
-            }
-            if let Some(delay) = turn.delay.filter(|d| !d.is_zero()) {
-                tokio::time::sleep(delay).await;
-            }
-            let mut message = match turn.answer {
-                Ok(message) => message,
-                Err((kind, text, retry_after)) => {
-                    let mut err = ProviderError::new(kind, text);
-                    if let Some(after) = retry_after {
-                        err = err.retry_after(after);
-                    }
-                    return Err(err.into());
-                }
-            };
-            for call in &mut message.tool_calls {
-                // Every call counts, so numbered ids never repeat given ones.
-                let n = this
-                    .inner
-                    .next_call_id
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if call.id.is_empty() {
-                    call.id = format!("call_{}", n + 1);
-                }
-            }
-            if let Some(sink) = &stream {
-                let text = message.text();
-                let mut rest: &str = &text;
-                while !rest.is_empty() {
-                    let end = rest
-                        .char_indices()
-                        .nth(turn.chunk_chars)
-                        .map_or(rest.len(), |(i, _)| i);
-                    sink.send(&ModelDelta::text(&rest[..end]));
-                    rest = &rest[end..];
-                }
-                for (index, call) in message.tool_calls.iter().enumerate() {
-                    sink.send(&ModelDelta::ToolCall {
-                        index,
-                        id: Some(call.id.clone()),
-                        name: Some(call.name.clone()),
-                        arguments: call.arguments.clone(),
-                    });
-                }
-            }
-            let usage = turn.usage.unwrap_or_else(|| {
-                Usage::new(
-                    estimate(request.messages.text_len()),
-                    estimate(message.text_len() as u64),
-                )
+        // Zero means no wait at all: tokio's timer would still round a
+        // zero sleep up to its next millisecond tick.
+        let Some(latency) = self.inner.latency.filter(|d| !d.is_zero()) else {
+            return Box::pin(async move {
+                this.note(&call);
+                let later = match this.reply(call, None) {
+                    Reply::Now(result) => return result,
+                    Reply::Later(later) => later,
+                };
+                later.await
             });
-            let model = if request.model.is_empty() {
-                this.inner.name.clone()
-            } else {
-                request.model.to_string()
-            };
-            context.record_usage(&model, usage);
-            let mut response = ModelResponse::new(model, message).usage(usage);
-            response.usage_recorded = true;
-            Ok(response)
-        })
+        };
+        match &self.inner.script {
+            Script::Function(_) => Box::pin(async move {
+                this.note(&call);
+                tokio::time::sleep(latency).await;
+                let later = match this.reply(call, None) {
+                    Reply::Now(result) => return result,
+                    Reply::Later(later) => later,
+                };
+                later.await
+            }),
+            Script::Turns(_) => Box::pin(async move {
+                this.note(&call);
+                let turn = this.next_turn(&call.request).ok_or_else(no_more_turns)?;
+                tokio::time::sleep(latency).await;
+                let later = match this.reply(call, Some(turn)) {
+                    Reply::Now(result) => return result,
+                    Reply::Later(later) => later,
+                };
+                later.await
+            }),
+        }
     }
 }

@@ -38,8 +38,9 @@ pub enum ResponseFormat {
     JsonObject,
     /// JSON matching a schema.
     JsonSchema {
-        /// The schema and its name.
-        json_schema: JsonSchemaFormat,
+        /// The schema and its name, boxed: every request carries its
+        /// settings, and most have no schema.
+        json_schema: Box<JsonSchemaFormat>,
     },
 }
 
@@ -59,11 +60,11 @@ impl ResponseFormat {
     /// A strict JSON-schema format.
     pub fn json_schema(name: impl Into<String>, schema: Value) -> Self {
         ResponseFormat::JsonSchema {
-            json_schema: JsonSchemaFormat {
+            json_schema: Box::new(JsonSchemaFormat {
                 name: name.into(),
                 schema,
                 strict: Some(true),
-            },
+            }),
         }
     }
 }
