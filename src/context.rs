@@ -805,7 +805,10 @@ impl<F: Future> Future for Race<'_, F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        if this.cancelled.poll(cx).is_ready() {
+        // A cancellation already signalled wins; otherwise the signal's
+        // waiter is registered only when the inner future has to wait, so a
+        // call that answers at once never touches it.
+        if this.ctx.is_cancelled() {
             return Poll::Ready(Err(AgentError::Cancelled));
         }
         if let Some(deadline) = this.deadline {
@@ -816,7 +819,13 @@ impl<F: Future> Future for Race<'_, F> {
                 }));
             }
         }
-        this.fut.poll(cx).map(Ok)
+        if let Poll::Ready(out) = this.fut.poll(cx) {
+            return Poll::Ready(Ok(out));
+        }
+        if this.cancelled.poll(cx).is_ready() {
+            return Poll::Ready(Err(AgentError::Cancelled));
+        }
+        Poll::Pending
     }
 }
 
