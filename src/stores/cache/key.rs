@@ -168,32 +168,18 @@ fn tools_digest(tools: &[ToolSpec]) -> [u8; 16] {
 /// (a `0` tag), and no stop sequence (a zero length).
 const DEFAULT_SETTINGS: [u8; 13] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
 
-/// Every field, named, so a field added to the settings cannot be left out
-/// of the key unnoticed.
+/// What a request's settings feed: the default settings (the common case)
+/// in one write, any others field by field.
 fn settings(input: &mut Input, settings: &ModelSettings) {
-    let ModelSettings {
-        temperature,
-        max_tokens,
-        stop,
-        response_format,
-        parallel_tool_calls,
-        tool_choice,
-    } = settings;
-    if temperature.is_none()
-        && max_tokens.is_none()
-        && stop.is_empty()
-        && response_format.is_none()
-        && parallel_tool_calls.is_none()
-        && tool_choice.is_none()
-    {
-        // The common case in one write.
+    if *settings == ModelSettings::default() {
         input.bytes(&DEFAULT_SETTINGS);
         return;
     }
     all_settings(input, settings);
 }
 
-/// What [`settings`] feeds, field by field.
+/// What [`settings`] feeds, field by field. Every field is named, so a
+/// field added to the settings cannot be left out of the key unnoticed.
 fn all_settings(input: &mut Input, settings: &ModelSettings) {
     let ModelSettings {
         temperature,
