@@ -24,6 +24,9 @@ use criterion::{criterion_group, Criterion, Throughput};
 use regex::RegexSet;
 use tower_agent::lifecycle::builtin::guards::HeuristicDetector;
 
+#[path = "common/mod.rs"]
+mod common;
+
 fn benign_texts() -> Vec<String> {
     include_str!("../tests/data/injection_corpus.jsonl")
         .lines()
@@ -139,10 +142,5 @@ fn counted_runs(case: &str, runs: usize) {
 criterion_group!(benches, bench);
 
 fn main() {
-    if let (Ok(case), Ok(runs)) = (std::env::var("BENCH_CASE"), std::env::var("BENCH_RUNS")) {
-        counted_runs(&case, runs.parse().expect("BENCH_RUNS is a number"));
-        return;
-    }
-    benches();
-    Criterion::default().configure_from_args().final_summary();
+    common::main(counted_runs, benches);
 }

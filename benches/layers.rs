@@ -275,18 +275,18 @@ fn count_cache_miss(name: &str, runs: usize) {
 }
 
 fn main() {
-    if let (Ok(name), Ok(runs)) = (std::env::var("BENCH_CASE"), std::env::var("BENCH_RUNS")) {
-        let mut counted = Counted {
-            name: &name,
-            runs: runs.parse().expect("BENCH_RUNS is a number"),
-            found: false,
-        };
-        cases(&mut counted, &common::noop_model());
-        if !counted.found {
-            count_cache_miss(&name, counted.runs);
-        }
-        return;
-    }
-    benches();
-    Criterion::default().configure_from_args().final_summary();
+    common::main(
+        |name, runs| {
+            let mut counted = Counted {
+                name,
+                runs,
+                found: false,
+            };
+            cases(&mut counted, &common::noop_model());
+            if !counted.found {
+                count_cache_miss(name, runs);
+            }
+        },
+        benches,
+    );
 }

@@ -354,10 +354,5 @@ fn counted_runs(case: &str, runs: usize) {
 criterion_group!(benches, bench_mask, bench_stream_restore);
 
 fn main() {
-    if let (Ok(case), Ok(runs)) = (std::env::var("BENCH_CASE"), std::env::var("BENCH_RUNS")) {
-        counted_runs(&case, runs.parse().expect("BENCH_RUNS is a number"));
-        return;
-    }
-    benches();
-    Criterion::default().configure_from_args().final_summary();
+    common::main(counted_runs, benches);
 }

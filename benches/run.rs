@@ -128,10 +128,5 @@ fn run(c: &mut Criterion) {
 criterion_group!(benches, run);
 
 fn main() {
-    if let (Ok(case), Ok(runs)) = (std::env::var("BENCH_CASE"), std::env::var("BENCH_RUNS")) {
-        counted_runs(&case, runs.parse().expect("BENCH_RUNS is a number"));
-        return;
-    }
-    benches();
-    Criterion::default().configure_from_args().final_summary();
+    common::main(counted_runs, benches);
 }

@@ -123,3 +123,18 @@ pub fn noop_model() -> Noop {
         Message::assistant("shipped"),
     )))
 }
+
+/// A bench's `main`. With `BENCH_CASE` and `BENCH_RUNS` set, `count(case,
+/// runs)` runs one case that many times and nothing else, for callgrind:
+/// the difference of two run counts, divided by the difference of the runs,
+/// is the instructions a run. Otherwise the criterion groups in `benches`.
+pub fn main(count: impl FnOnce(&str, usize), benches: impl FnOnce()) {
+    if let (Ok(case), Ok(runs)) = (std::env::var("BENCH_CASE"), std::env::var("BENCH_RUNS")) {
+        count(&case, runs.parse().expect("BENCH_RUNS is a number"));
+        return;
+    }
+    benches();
+    criterion::Criterion::default()
+        .configure_from_args()
+        .final_summary();
+}
