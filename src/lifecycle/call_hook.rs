@@ -124,14 +124,31 @@ pub(crate) enum Invoked<'h, T> {
 }
 
 /// The synchronous part of [`invoke`]: calls the hook and settles every
-/// answer but a pending future, without awaiting anything.
+/// answer but a pending future, without awaiting anything. Inlined into
+/// each hook point's loop, so that a hook that skips costs its call and a
+/// branch.
+#[inline(always)]
 pub(crate) fn invoke_now<'h, T>(
     entry: &Entry,
     ctx: &RunContext,
     hook: HookPoint,
     make: impl FnOnce() -> Hook<'h, T>,
 ) -> Invoked<'h, T> {
-    let kind = match catch_unwind(AssertUnwindSafe(make)) {
+    match catch_unwind(AssertUnwindSafe(make)) {
+        Ok(Hook(HookKind::Skip)) => Invoked::Done(Ok(None)),
+        answer => answered(entry, ctx, hook, answer),
+    }
+}
+
+/// What [`invoke_now`] makes of an answer other than a skip.
+#[inline(never)]
+fn answered<'h, T>(
+    entry: &Entry,
+    ctx: &RunContext,
+    hook: HookPoint,
+    answer: std::thread::Result<Hook<'h, T>>,
+) -> Invoked<'h, T> {
+    let kind = match answer {
         Ok(Hook(kind)) => kind,
         Err(panic) => {
             started(ctx, &entry.name, hook);

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
@@ -282,18 +282,50 @@ async fn walk<Req: WrapRequest>(next: Next<Req>, req: Req) -> Walked<Req> {
 }
 
 /// The synchronous part of a walk: each wrap hook that hands the request on
-/// is called here, with no future and nothing shared cloned for it.
+/// is called here, with no future and nothing shared cloned for it. One
+/// `catch_unwind` guards the whole walk: a panic is attributed to the
+/// middleware being called when it struck.
 pub(super) fn step<'e, Req: WrapRequest>(
+    chain: Option<&'e Arc<[Entry]>>,
+    next: Next<Req>,
+    req: Req,
+) -> Step<'e, Req> {
+    // The context of the request the current middleware is handed.
+    let mut ctx = req.context().clone();
+    // The middleware being called, and the home of its chain.
+    let mut calling = None;
+    match catch_unwind(AssertUnwindSafe(|| {
+        walk_chain(chain, next, req, &mut ctx, &mut calling)
+    })) {
+        Ok(step) => step,
+        Err(panic) => {
+            let Some((entry, home)) = calling else {
+                // Not a middleware's: the walk's own, which goes on up.
+                resume_unwind(panic)
+            };
+            let entry: &Entry = entry;
+            let hook = Req::wrap_hook();
+            let bracket = Bracket::open(&ctx, &entry.name, hook);
+            bracket.close("panic");
+            let err = Box::new(panicked(&entry.name, hook, &*panic));
+            Step::Failed(own_failure(&ctx, home, err))
+        }
+    }
+}
+
+/// The loop of [`step`]: `calling` names the middleware whose wrap hook
+/// runs, while it runs.
+fn walk_chain<'e, Req: WrapRequest>(
     chain: Option<&'e Arc<[Entry]>>,
     mut next: Next<Req>,
     mut req: Req,
+    ctx: &mut RunContext,
+    calling: &mut Option<(&'e Entry, Option<usize>)>,
 ) -> Step<'e, Req> {
     let hook = Req::wrap_hook();
     // What the last middleware handed on, when it is what it was handed:
     // the next middleware's snapshot, without taking it again.
     let mut carried = None;
-    // The context of the request the current middleware is handed.
-    let mut ctx = req.context().clone();
     loop {
         if let Some(Received { by, snapshot }) = next.received.take() {
             let by = match (&by, &next.chain) {
@@ -324,34 +356,19 @@ pub(super) fn step<'e, Req: WrapRequest>(
             };
             return Step::Innermost(service, req, recover);
         };
-        if !req.context().same_run(&ctx) {
-            ctx = req.context().clone();
+        if !req.context().same_run(ctx) {
+            *ctx = req.context().clone();
         }
-        let Next {
-            chain: own,
-            innermost,
-            home,
-            ..
-        } = next;
-        let inner = Next {
-            chain: own,
-            index: at + 1,
-            innermost,
-            received: Some(Received {
-                by: None,
-                snapshot: carried.take().unwrap_or_else(|| req.snapshot()),
-            }),
-            home,
-        };
-        let wrapped = match catch_unwind(AssertUnwindSafe(|| Req::wrap(&*entry.mw, req, inner))) {
-            Ok(wrapped) => wrapped.0,
-            Err(panic) => {
-                let bracket = Bracket::open(&ctx, &entry.name, hook);
-                bracket.close("panic");
-                let err = Box::new(panicked(&entry.name, hook, &*panic));
-                return Step::Failed(own_failure(&ctx, home, err));
-            }
-        };
+        // The same `next`, one further down, handed what `req` is now.
+        next.index = at + 1;
+        next.received = Some(Received {
+            by: None,
+            snapshot: carried.take().unwrap_or_else(|| req.snapshot()),
+        });
+        let home = next.home;
+        *calling = Some((entry, home));
+        let wrapped = Req::wrap(&*entry.mw, req, next).0;
+        *calling = None;
         match wrapped {
             WrappedKind::NotOverridden(r, mut n) => {
                 // Handed on as it came: nothing to reconcile.
@@ -368,7 +385,7 @@ pub(super) fn step<'e, Req: WrapRequest>(
                 // The middleware holds the rest of the stack now.
                 return Step::Hooked {
                     entry,
-                    ctx,
+                    ctx: ctx.clone(),
                     home,
                     future,
                 };
