@@ -134,10 +134,13 @@ pub(crate) fn invoke_now<'h, T>(
     hook: HookPoint,
     make: impl FnOnce() -> Hook<'h, T>,
 ) -> Invoked<'h, T> {
-    match catch_unwind(AssertUnwindSafe(make)) {
-        Ok(Hook(HookKind::Skip)) => Invoked::Done(Ok(None)),
-        answer => answered(entry, ctx, hook, answer),
+    let answer = catch_unwind(AssertUnwindSafe(make));
+    if matches!(answer, Ok(Hook(HookKind::Skip))) {
+        // Nothing in it to drop: no drop glue run for it.
+        std::mem::forget(answer);
+        return Invoked::Done(Ok(None));
     }
+    answered(entry, ctx, hook, answer)
 }
 
 /// What [`invoke_now`] makes of an answer other than a skip.

@@ -145,6 +145,29 @@ impl io::Write for Builder {
     }
 }
 
+/// Whether `a` and `b` hold the same bytes: short ones (what tool names
+/// and arguments mostly are) compared in a few loads, without a call.
+#[inline]
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    // Two overlapping words, from the front and from the back, cover it all.
+    fn word<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
+        let mut word = [0; N];
+        word.copy_from_slice(&bytes[at..at + N]);
+        word
+    }
+    match n {
+        0 => true,
+        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        4..=7 => word::<4>(a, 0) == word::<4>(b, 0) && word::<4>(a, n - 4) == word::<4>(b, n - 4),
+        8..=16 => word::<8>(a, 0) == word::<8>(b, 0) && word::<8>(a, n - 8) == word::<8>(b, n - 8),
+        _ => a == b,
+    }
+}
+
 /// Compares what is written with `rest`, and stops at the first byte that
 /// differs: whether a value writes the bytes a copy holds.
 pub(crate) struct Same<'a> {
@@ -193,6 +216,20 @@ mod tests {
         builder.write_all(&piece).unwrap();
         assert_eq!(builder.len(), 2 * piece.len());
         assert_eq!(builder.finish().as_bytes(), [7u8; INLINE + 2]);
+    }
+
+    #[test]
+    fn same_bytes_compares_every_byte_at_every_length() {
+        for n in 0..40 {
+            let a: Vec<u8> = (0..n as u8).collect();
+            assert!(same_bytes(&a, &a.clone()));
+            for i in 0..n {
+                let mut b = a.clone();
+                b[i] ^= 0x55;
+                assert!(!same_bytes(&a, &b), "length {n}, byte {i}");
+            }
+            assert!(!same_bytes(&a, &a[..n.saturating_sub(1)]) || n == 0);
+        }
     }
 
     #[test]

@@ -323,20 +323,23 @@ fn walk_chain<'e, Req: WrapRequest>(
     calling: &mut Option<(&'e Entry, Option<usize>)>,
 ) -> Step<'e, Req> {
     let hook = Req::wrap_hook();
-    // What the last middleware handed on, when it is what it was handed:
-    // the next middleware's snapshot, without taking it again.
-    let mut carried = None;
+    // Whether `next` holds the snapshot of `req` as it is: handed on as it
+    // came by a middleware that does not override the hook.
+    let mut unchanged = false;
     loop {
-        if let Some(Received { by, snapshot }) = next.received.take() {
-            let by = match (&by, &next.chain) {
+        // What the last middleware was handed stays in `next` for the next
+        // one, unless the request changed since.
+        if let (false, Some(Received { by, snapshot })) = (unchanged, &next.received) {
+            let by = match (by, &next.chain) {
                 (Some(by), _) => Some(by),
                 (None, Some(own)) => next.index.checked_sub(1).map(|i| &own[i].name),
                 (None, None) => None,
             };
-            if by.is_none_or(|by| req.reconcile(by, &snapshot)) {
-                carried = Some(snapshot);
+            if !by.is_none_or(|by| req.reconcile(by, snapshot)) {
+                next.received = None;
             }
         }
+        unchanged = false;
         let entries = match (&next.chain, chain) {
             (None, _) => None,
             (Some(own), Some(chain)) if Arc::ptr_eq(own, chain) => Some(&chain[..]),
@@ -361,19 +364,21 @@ fn walk_chain<'e, Req: WrapRequest>(
         }
         // The same `next`, one further down, handed what `req` is now.
         next.index = at + 1;
-        next.received = Some(Received {
-            by: None,
-            snapshot: carried.take().unwrap_or_else(|| req.snapshot()),
-        });
+        if next.received.is_none() {
+            next.received = Some(Received {
+                by: None,
+                snapshot: req.snapshot(),
+            });
+        }
         let home = next.home;
         *calling = Some((entry, home));
         let wrapped = Req::wrap(&*entry.mw, req, next).0;
         *calling = None;
         match wrapped {
-            WrappedKind::NotOverridden(r, mut n) => {
+            WrappedKind::NotOverridden(r, n) => {
                 // Handed on as it came: nothing to reconcile.
                 entry.learn_absent(hook);
-                carried = n.received.take().map(|received| received.snapshot);
+                unchanged = true;
                 req = r;
                 next = n;
             }

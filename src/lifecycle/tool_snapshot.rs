@@ -7,7 +7,7 @@ use std::io;
 
 use serde_json::{Number, Value};
 
-use super::inline_bytes::{Builder, InlineBytes, Same};
+use super::inline_bytes::{same_bytes, Builder, InlineBytes, Same};
 
 /// What a tool middleware was handed, to compare with what it hands on: the
 /// argument text, then the parsed arguments in a tagged binary layout, in
@@ -112,11 +112,9 @@ fn write_number(to: &mut Builder, n: &Number) {
 }
 
 /// Takes `n` bytes off the front of `rest`.
+#[inline]
 fn take<'a>(rest: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-    if rest.len() < n {
-        return None;
-    }
-    let (taken, left) = rest.split_at(n);
+    let (taken, left) = rest.split_at_checked(n)?;
     *rest = left;
     Some(taken)
 }
@@ -131,39 +129,77 @@ fn take_head(rest: &mut &[u8], tag: u8) -> Option<usize> {
     usize::try_from(len).ok()
 }
 
+/// Takes nine bytes off the front of `rest` if they are `expected`.
+#[inline]
+fn same_nine(expected: [u8; 9], rest: &mut &[u8]) -> bool {
+    match rest.split_first_chunk::<9>() {
+        Some((found, left)) if *found == expected => {
+            *rest = left;
+            true
+        }
+        _ => false,
+    }
+}
+
+#[inline]
 fn same_text(text: &str, tag: u8, rest: &mut &[u8]) -> bool {
-    take_head(rest, tag).is_some_and(|len| {
-        len == text.len() && take(rest, len).is_some_and(|bytes| bytes == text.as_bytes())
-    })
+    same_nine(head(tag, text.len()), rest)
+        && take(rest, text.len()).is_some_and(|bytes| same_bytes(bytes, text.as_bytes()))
 }
 
 /// Whether `value` is the value at the front of `rest`, which it consumes.
 fn same_value(value: &Value, rest: &mut &[u8]) -> bool {
     match value {
-        Value::Null => take(rest, 1) == Some(&[NULL]),
-        Value::Bool(false) => take(rest, 1) == Some(&[FALSE]),
-        Value::Bool(true) => take(rest, 1) == Some(&[TRUE]),
-        Value::Number(n) => same_number(n, rest),
-        Value::String(s) => same_text(s, STRING, rest),
         Value::Array(items) => {
-            take_head(rest, ARRAY) == Some(items.len())
-                && items.iter().all(|item| same_value(item, rest))
+            same_nine(head(ARRAY, items.len()), rest)
+                && items.iter().all(|item| same_item(item, rest))
         }
         Value::Object(map) => {
-            take_head(rest, OBJECT) == Some(map.len())
+            same_nine(head(OBJECT, map.len()), rest)
                 && map
                     .iter()
-                    .all(|(key, value)| same_text(key, STRING, rest) && same_value(value, rest))
+                    .all(|(key, value)| same_text(key, STRING, rest) && same_item(value, rest))
         }
+        scalar => same_scalar(scalar, rest),
     }
 }
 
+/// [`same_value`] for an item of an array or an object: a scalar without a
+/// call.
+#[inline(always)]
+fn same_item(value: &Value, rest: &mut &[u8]) -> bool {
+    match value {
+        Value::Array(_) | Value::Object(_) => same_value(value, rest),
+        scalar => same_scalar(scalar, rest),
+    }
+}
+
+#[inline(always)]
+fn same_scalar(value: &Value, rest: &mut &[u8]) -> bool {
+    let tag = |tag: u8, rest: &mut &[u8]| match rest.split_first() {
+        Some((&found, left)) if found == tag => {
+            *rest = left;
+            true
+        }
+        _ => false,
+    };
+    match value {
+        Value::Null => tag(NULL, rest),
+        Value::Bool(false) => tag(FALSE, rest),
+        Value::Bool(true) => tag(TRUE, rest),
+        Value::Number(n) => same_number(n, rest),
+        Value::String(s) => same_text(s, STRING, rest),
+        Value::Array(_) | Value::Object(_) => same_value(value, rest),
+    }
+}
+
+#[inline]
 fn same_number(n: &Number, rest: &mut &[u8]) -> bool {
     if let Some(u) = n.as_u64() {
-        return take(rest, 9) == Some(&tagged(UNSIGNED, u.to_le_bytes()));
+        return same_nine(tagged(UNSIGNED, u.to_le_bytes()), rest);
     }
     if let Some(i) = n.as_i64() {
-        return take(rest, 9) == Some(&tagged(SIGNED, i.to_le_bytes()));
+        return same_nine(tagged(SIGNED, i.to_le_bytes()), rest);
     }
     let Some(len) = take_head(rest, OTHER_NUMBER) else {
         return false;

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::attribute::{attribute, name_tripwire};
 use super::edit_watch::watcher;
-use super::inline_bytes::InlineStr;
+use super::inline_bytes::{same_bytes, InlineStr};
 use super::{HookPoint, Middleware, Next};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
@@ -320,7 +320,7 @@ impl sealed::Plumbing for ToolInvocation {
     /// Keeps the argument text and the parsed arguments in step, whichever
     /// the middleware changed, and withdraws the approval when they changed.
     fn reconcile(&mut self, _by: &Arc<str>, received: &sealed::ToolSnapshot) -> bool {
-        let text_changed = self.call.arguments.as_bytes() != received.text();
+        let text_changed = !same_bytes(self.call.arguments.as_bytes(), received.text());
         let args_changed = !received.same_args(&self.args);
         if !text_changed && !args_changed {
             return true;
