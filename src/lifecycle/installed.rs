@@ -226,19 +226,20 @@ impl HookPort for InstalledHooks {
         ctx: &'a RunContext,
         messages: &'a mut History,
     ) -> HookFuture<'a, ()> {
-        match (&self.outer, self.stack.has(HookPoint::BeforeModel)) {
-            (None, false) => HookFuture::ok(()),
-            (Some(outer), false) => outer.before_model(ctx, messages),
-            (None, true)
-                if self.stack.sole(HookPoint::BeforeModel).is_some() && watcher(ctx).is_none() =>
-            {
-                let e = self.stack.sole(HookPoint::BeforeModel).expect("checked");
-                CompiledStack::sole_hook(e, ctx, HookPoint::BeforeModel, || {
+        // The only middleware here, and nobody asks who changed the
+        // messages: no future boxed for an answer it has at once.
+        if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::BeforeModel)) {
+            if watcher(ctx).is_none() {
+                return CompiledStack::sole_hook(e, ctx, HookPoint::BeforeModel, || {
                     e.mw.before_model(ctx, messages)
                 })
                 .map(|_| ())
-                .into_port(move |e| self.own(ctx, e))
+                .into_port(move |e| self.own(ctx, e));
             }
+        }
+        match (&self.outer, self.stack.has(HookPoint::BeforeModel)) {
+            (None, false) => HookFuture::ok(()),
+            (Some(outer), false) => outer.before_model(ctx, messages),
             (outer, true) => HookFuture::new(async move {
                 if let Some(outer) = outer {
                     outer.before_model(ctx, messages).await?;
