@@ -12,7 +12,10 @@
 //! `BENCH_CASE=middleware_1 BENCH_RUNS=1000 valgrind --tool=callgrind
 //! target/release/deps/lifecycle-…` runs one case that many times without
 //! criterion; the difference between two run counts, divided by the
-//! difference in runs, is the instructions per run.
+//! difference in runs, is the instructions per run. A run's count varies
+//! by a few hundred instructions from one process to the next (random run
+//! ids and hash seeds): take run counts far apart (100 and 600) and more
+//! than one sample.
 
 use criterion::{criterion_group, Criterion};
 use tower::{Layer, ServiceExt};
