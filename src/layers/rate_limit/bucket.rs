@@ -52,8 +52,8 @@ const MAX_WAIT: Duration = Duration::from_secs(365 * 86_400);
 
 /// What a bucket gave one call: enough to refund it safely later.
 ///
-/// Packed to 8-byte alignment: a ticket holds two, and moves with every
-/// response future, so the padding `i128`'s alignment adds is worth
+/// Packed to 8-byte alignment: a settlement holds one, and moves with
+/// every response future, so the padding `i128`'s alignment adds is worth
 /// saving. Fields are only read by value.
 #[derive(Debug, Clone, Copy)]
 #[repr(C, packed(8))]
@@ -61,10 +61,10 @@ pub(super) struct Grant {
     pub(super) amount: u64,
     /// Nanoseconds since the key's epoch.
     pub(super) at: u64,
-    /// The bucket's level right after the grant.
-    level_after: i128,
-    /// The bucket's refund counter at the grant.
-    credited: i128,
+    /// The bucket's level right after the grant, less its refund counter
+    /// at the grant: all a refund's bound needs of the past (see
+    /// [`Bucket::refund`]).
+    mark: i128,
 }
 
 #[derive(Debug)]
@@ -160,8 +160,7 @@ impl Bucket {
         Grant {
             amount: n,
             at: self.updated,
-            level_after: self.level,
-            credited: self.credited,
+            mark: self.level.saturating_sub(self.credited),
         }
     }
 
@@ -178,11 +177,12 @@ impl Bucket {
             return;
         }
         let since = self.refill_amount(now.saturating_sub(grant.at));
+        // `cap - level_after - since - (credited - credited_at)`.
         let headroom = self
             .cap
-            .saturating_sub(grant.level_after)
+            .saturating_sub(grant.mark)
             .saturating_sub(since)
-            .saturating_sub(self.credited - grant.credited);
+            .saturating_sub(self.credited);
         let back = self.scaled(n).min(headroom);
         if back > 0 {
             // Credit only what fit under the cap: what a full bucket cannot

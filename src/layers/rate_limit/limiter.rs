@@ -333,8 +333,7 @@ impl KeyShared {
     /// Posts the settlement of the call holding `slot` without the lock or
     /// the clock (`None`: the reservation is kept); takes the lock only if a
     /// call is queued, to apply it and let the head go.
-    pub(super) fn post(&self, slot: u8, grant: &Grant, actual: Option<u64>) {
-        let actual = actual.filter(|actual| *actual != grant.amount);
+    pub(super) fn post(&self, slot: u8, actual: Option<u64>) {
         if self.posts.post(slot, actual) {
             let now = self.epoch.now();
             self.state().catch_up(&self.posts, now);
