@@ -33,6 +33,7 @@ use super::posts::{self, InFlight, Posts};
 use super::remote::Remote;
 use crate::request::ModelCall;
 use crate::tokens::{request_tokens, TokenCounters};
+use crate::types::{History, ModelName};
 
 struct Queued {
     id: u64,
@@ -56,9 +57,59 @@ struct KeyState {
     /// The token grants of calls whose settlement is posted without the
     /// lock.
     inflight: InFlight,
+    /// The text size of the last history estimated, by lineage and length
+    /// (which fix its messages): a run's calls of one key mostly ask again
+    /// for the same history, or for it grown.
+    memo: TextMemo,
+}
+
+/// A history's text size, by the `(lineage, len)` that fix its messages.
+#[derive(Clone, Copy)]
+struct TextMemo {
+    lineage: u64,
+    len: usize,
+    text_len: u64,
+}
+
+impl TextMemo {
+    const EMPTY: Self = Self {
+        lineage: 0,
+        len: usize::MAX,
+        text_len: 0,
+    };
+}
+
+/// A call's token need: a number, or the default estimate's parts, for the
+/// key's [`TextMemo`] to answer under its lock.
+pub(super) enum Need<'a> {
+    Tokens(u64),
+    Text {
+        messages: &'a History,
+        /// The output allowance, added to the text at four bytes a token.
+        output: u64,
+    },
 }
 
 impl KeyState {
+    /// The tokens `need` comes to.
+    #[inline]
+    fn tokens(&mut self, need: Need<'_>) -> u64 {
+        let (messages, output) = match need {
+            Need::Tokens(tokens) => return tokens,
+            Need::Text { messages, output } => (messages, output),
+        };
+        let (lineage, len) = (messages.lineage(), messages.len());
+        let memo = &mut self.memo;
+        if memo.lineage != lineage || memo.len != len {
+            *memo = TextMemo {
+                lineage,
+                len,
+                text_len: messages.text_len(),
+            };
+        }
+        memo.text_len.div_ceil(4).saturating_add(output)
+    }
+
     /// Applies the settlements posted since the lock was last taken, then
     /// refills to `now`.
     fn catch_up(&mut self, posts: &Posts, now: u64) {
@@ -165,6 +216,7 @@ impl KeyShared {
                 holders: 0,
                 next_id: 0,
                 inflight: InFlight::default(),
+                memo: TextMemo::EMPTY,
             }),
             posts: Posts::new(),
         }
@@ -194,12 +246,13 @@ impl KeyShared {
     pub(super) fn enter(
         &self,
         requests: u64,
-        tokens: u64,
+        tokens: Need<'_>,
         max_wait: Duration,
     ) -> Result<Entered, Duration> {
         let now = self.epoch.now();
         let mut state = self.state();
         state.catch_up(&self.posts, now);
+        let tokens = state.tokens(tokens);
         let requests = state.requests.as_ref().map_or(0, |b| b.clamp(requests));
         let tokens = state.tokens.as_ref().map_or(0, |b| b.clamp(tokens));
         let holder = requests == 0;
@@ -359,6 +412,11 @@ pub(super) struct Limiter {
     /// The first key seen, read without a lock. Set only under `keys`'
     /// lock, and never also in `keys`.
     first: OnceLock<Arc<KeyShared>>,
+    /// The model name the first key was found by, when keyed by model: a
+    /// call whose name shares its storage (a clone of it, as the calls of a
+    /// run or of an agent have) is of the first key, with no string
+    /// compared. Held, so its storage cannot be reused by another name.
+    first_name: OnceLock<ModelName>,
     /// Every other key.
     keys: Mutex<Keys>,
 }
@@ -406,6 +464,7 @@ impl Limiter {
             default_output_tokens: config.default_output_tokens,
             counters: config.counters,
             first: OnceLock::new(),
+            first_name: OnceLock::new(),
             keys: Mutex::new(Keys {
                 map: HashMap::new(),
                 sweep_at: config.idle_keys.max(1),
@@ -457,8 +516,26 @@ impl Limiter {
         }
         match &self.key_fn {
             Some(f) => self.key(&f(call)),
-            None => self.key(&call.request.model),
+            None => self.key_of_model(&call.request.model),
         }
+    }
+
+    /// The state of the key `model`.
+    #[inline]
+    fn key_of_model(&self, model: &ModelName) -> Arc<KeyShared> {
+        if let (Some(first), Some(name)) = (self.first.get(), self.first_name.get()) {
+            let (a, b) = (name.as_str(), model.as_str());
+            if std::ptr::eq(a, b) {
+                return first.clone();
+            }
+        }
+        let key = self.key(model);
+        if self.first_name.get().is_none()
+            && self.first.get().is_some_and(|first| Arc::ptr_eq(first, &key))
+        {
+            let _ = self.first_name.set(model.clone());
+        }
+        key
     }
 
     /// The name of `call`'s key, and its limits (for a store-backed quota).
@@ -476,20 +553,35 @@ impl Limiter {
     /// model's counter, or its text at four bytes a token) plus
     /// `max_tokens` (or the default output estimate).
     pub(super) fn estimate(&self, call: &ModelCall) -> u64 {
+        match self.need(call) {
+            Need::Tokens(tokens) => tokens,
+            Need::Text { messages, output } => {
+                messages.text_len().div_ceil(4).saturating_add(output)
+            }
+        }
+    }
+
+    /// What [`estimate`](Self::estimate) says, or its parts when the text
+    /// is to be measured.
+    #[inline]
+    pub(super) fn need<'a>(&self, call: &'a ModelCall) -> Need<'a> {
         let request = &call.request;
         if let Some(f) = &self.estimate {
-            return f(request);
+            return Need::Tokens(f(request));
         }
-        let input = match &self.counters {
-            Some(counters) => request_tokens(&call.context, counters, request),
-            None => request.messages.text_len().div_ceil(4),
-        };
-        input.saturating_add(
-            request
-                .settings
-                .max_tokens
-                .map_or(self.default_output_tokens, u64::from),
-        )
+        let output = request
+            .settings
+            .max_tokens
+            .map_or(self.default_output_tokens, u64::from);
+        match &self.counters {
+            Some(counters) => Need::Tokens(
+                request_tokens(&call.context, counters, request).saturating_add(output),
+            ),
+            None => Need::Text {
+                messages: &request.messages,
+                output,
+            },
+        }
     }
 }
 

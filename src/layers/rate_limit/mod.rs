@@ -363,12 +363,11 @@ where
             unreachable!("checked by `call`")
         };
         let key = limiter.key_of(&call);
-        let tokens = limiter.estimate(&call);
         let max_wait = match call.context.remaining() {
             Some(left) => limiter.max_wait.min(left),
             None => limiter.max_wait,
         };
-        match key.enter(1, tokens, max_wait) {
+        match key.enter(1, limiter.need(&call), max_wait) {
             Ok(Entered::Admitted((_, tokens, slot))) => {
                 // Ample capacity: call the service made ready right away.
                 // The request slot is spent as the call goes out; only the

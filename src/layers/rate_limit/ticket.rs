@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::Sleep;
 
 use super::bucket::Grant;
-use super::limiter::{Admit, Entered, KeyShared, Taken};
+use super::limiter::{Admit, Entered, KeyShared, Need, Taken};
 
 /// A call refused on arrival: it would wait longer than it may.
 pub(super) struct Refused {
@@ -44,7 +44,7 @@ impl KeyShared {
         tokens: u64,
         max_wait: Duration,
     ) -> Result<Arrival, Refused> {
-        match self.enter(requests, tokens, max_wait) {
+        match self.enter(requests, Need::Tokens(tokens), max_wait) {
             Ok(Entered::Admitted(taken)) => Ok(Arrival::Admitted(Ticket::new(self, taken))),
             Ok(Entered::Queued(id)) => Ok(Arrival::Queued(Waiter::new(self, id))),
             Err(retry_after) => Err(Refused {
