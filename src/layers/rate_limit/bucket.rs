@@ -67,6 +67,13 @@ pub(super) struct Grant {
     mark: i128,
 }
 
+/// An amount to take, cut to the bucket, and scaled.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Scaled {
+    amount: u64,
+    scaled: i128,
+}
+
 #[derive(Debug)]
 pub(super) struct Bucket {
     amount: i128,
@@ -141,6 +148,46 @@ impl Bucket {
     /// Whether the bucket holds `n` now: `time_for(scaled(n))` is zero.
     pub(super) fn holds(&self, n: u64) -> bool {
         self.level >= self.scaled(n)
+    }
+
+    /// Whether the bucket holds one unit now: `holds(1)`.
+    #[inline]
+    pub(super) fn holds_one(&self) -> bool {
+        self.level >= self.unit
+    }
+
+    /// Takes one unit, keeping no grant: `take(1)` for a request that goes
+    /// out at once (and is never given back).
+    #[inline]
+    pub(super) fn take_one(&mut self) {
+        self.level = self.level.saturating_sub(self.unit);
+    }
+
+    /// `n`, cut to the whole bucket ([`clamp`](Self::clamp)), scaled.
+    #[inline]
+    pub(super) fn need(&self, n: u64) -> Scaled {
+        let amount = self.clamp(n);
+        Scaled {
+            amount,
+            scaled: self.scaled(amount),
+        }
+    }
+
+    /// Whether the bucket holds `need` now.
+    #[inline]
+    pub(super) fn holds_scaled(&self, need: Scaled) -> bool {
+        self.level >= need.scaled
+    }
+
+    /// `take(need.amount)`, with the scaling done.
+    #[inline]
+    pub(super) fn take_scaled(&mut self, need: Scaled) -> Grant {
+        self.level = self.level.saturating_sub(need.scaled);
+        Grant {
+            amount: need.amount,
+            at: self.updated,
+            mark: self.level.saturating_sub(self.credited),
+        }
     }
 
     /// How long until the bucket holds `need` (scaled) more than it owes.

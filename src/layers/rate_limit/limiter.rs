@@ -170,6 +170,41 @@ impl KeyState {
         (request_grant, token_grant, slot)
     }
 
+    /// Takes one request and `tokens` (cut to the whole token limit) if
+    /// nobody is queued and both fit: what [`fits`](Self::fits) and
+    /// [`take`](Self::take) do for a call that holds nothing, in one pass.
+    /// Keeps no request grant.
+    #[inline]
+    fn admit_now(&mut self, tokens: u64) -> Option<(Option<Grant>, Option<u8>)> {
+        if !self.queue.is_empty() {
+            return None;
+        }
+        let request = match &self.requests {
+            Some(b) if !b.holds_one() => return None,
+            b => b.is_some(),
+        };
+        let tokens = match &self.tokens {
+            Some(b) if tokens > 0 => {
+                let need = b.need(tokens);
+                if !b.holds_scaled(need) {
+                    return None;
+                }
+                Some(need)
+            }
+            _ => None,
+        };
+        if request {
+            if let Some(b) = &mut self.requests {
+                b.take_one();
+            }
+        }
+        let grant = match (tokens, &mut self.tokens) {
+            (Some(need), Some(b)) => b.take_scaled(need),
+            _ => return Some((None, None)),
+        };
+        Some((Some(grant), self.inflight.hold(grant)))
+    }
+
     /// Whether the key is what a fresh one would be: full buckets, nobody
     /// queued.
     fn is_idle(&mut self, posts: &Posts, now: u64) -> bool {
@@ -253,6 +288,32 @@ impl KeyShared {
         let mut state = self.state();
         state.catch_up(&self.posts, now);
         let tokens = state.tokens(tokens);
+        self.enter_locked(state, requests, tokens, max_wait)
+    }
+
+    /// [`enter`](Self::enter) for a call that holds nothing: one request
+    /// and `tokens`. Admitted at once, it keeps no request grant (the call
+    /// goes out at once, which spends the request).
+    #[inline]
+    pub(super) fn enter_call(&self, tokens: Need<'_>, max_wait: Duration) -> Result<Entered, Duration> {
+        let now = self.epoch.now();
+        let mut state = self.state();
+        state.catch_up(&self.posts, now);
+        let tokens = state.tokens(tokens);
+        if let Some((grant, slot)) = state.admit_now(tokens) {
+            drop(state);
+            return Ok(Entered::Admitted((None, grant, slot)));
+        }
+        self.enter_locked(state, 1, tokens, max_wait)
+    }
+
+    fn enter_locked(
+        &self,
+        mut state: MutexGuard<'_, KeyState>,
+        requests: u64,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<Entered, Duration> {
         let requests = state.requests.as_ref().map_or(0, |b| b.clamp(requests));
         let tokens = state.tokens.as_ref().map_or(0, |b| b.clamp(tokens));
         let holder = requests == 0;

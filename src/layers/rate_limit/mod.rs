@@ -367,7 +367,7 @@ where
             Some(left) => limiter.max_wait.min(left),
             None => limiter.max_wait,
         };
-        match key.enter(1, limiter.need(&call), max_wait) {
+        match key.enter_call(limiter.need(&call), max_wait) {
             Ok(Entered::Admitted((_, tokens, slot))) => {
                 // Ample capacity: call the service made ready right away.
                 // The request slot is spent as the call goes out; only the
