@@ -295,7 +295,11 @@ impl KeyShared {
     /// and `tokens`. Admitted at once, it keeps no request grant (the call
     /// goes out at once, which spends the request).
     #[inline]
-    pub(super) fn enter_call(&self, tokens: Need<'_>, max_wait: Duration) -> Result<Entered, Duration> {
+    pub(super) fn enter_call(
+        &self,
+        tokens: Need<'_>,
+        max_wait: Duration,
+    ) -> Result<Entered, Duration> {
         let now = self.epoch.now();
         let mut state = self.state();
         state.catch_up(&self.posts, now);
@@ -592,7 +596,10 @@ impl Limiter {
         }
         let key = self.key(model);
         if self.first_name.get().is_none()
-            && self.first.get().is_some_and(|first| Arc::ptr_eq(first, &key))
+            && self
+                .first
+                .get()
+                .is_some_and(|first| Arc::ptr_eq(first, &key))
         {
             let _ = self.first_name.set(model.clone());
         }
