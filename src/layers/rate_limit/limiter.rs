@@ -29,11 +29,13 @@ use tokio::time::Instant;
 
 use super::bucket::{Bucket, Epoch, Grant};
 use super::limits::{Config, EstimateFn, KeyFn, Limits};
+pub(super) use super::need::Need;
+use super::need::TextMemo;
 use super::posts::{self, InFlight, Posts};
 use super::remote::Remote;
 use crate::request::ModelCall;
 use crate::tokens::{request_tokens, TokenCounters};
-use crate::types::{History, ModelName};
+use crate::types::ModelName;
 
 struct Queued {
     id: u64,
@@ -63,51 +65,11 @@ struct KeyState {
     memo: TextMemo,
 }
 
-/// A history's text size, by the `(lineage, len)` that fix its messages.
-#[derive(Clone, Copy)]
-struct TextMemo {
-    lineage: u64,
-    len: usize,
-    text_len: u64,
-}
-
-impl TextMemo {
-    const EMPTY: Self = Self {
-        lineage: 0,
-        len: usize::MAX,
-        text_len: 0,
-    };
-}
-
-/// A call's token need: a number, or the default estimate's parts, for the
-/// key's [`TextMemo`] to answer under its lock.
-pub(super) enum Need<'a> {
-    Tokens(u64),
-    Text {
-        messages: &'a History,
-        /// The output allowance, added to the text at four bytes a token.
-        output: u64,
-    },
-}
-
 impl KeyState {
     /// The tokens `need` comes to.
     #[inline]
     fn tokens(&mut self, need: Need<'_>) -> u64 {
-        let (messages, output) = match need {
-            Need::Tokens(tokens) => return tokens,
-            Need::Text { messages, output } => (messages, output),
-        };
-        let (lineage, len) = (messages.lineage(), messages.len());
-        let memo = &mut self.memo;
-        if memo.lineage != lineage || memo.len != len {
-            *memo = TextMemo {
-                lineage,
-                len,
-                text_len: messages.text_len(),
-            };
-        }
-        memo.text_len.div_ceil(4).saturating_add(output)
+        self.memo.tokens(need)
     }
 
     /// Applies the settlements posted since the lock was last taken, then

@@ -143,6 +143,7 @@ mod bucket;
 mod layer;
 mod limiter;
 mod limits;
+mod need;
 mod posts;
 mod remote;
 #[cfg(test)]
