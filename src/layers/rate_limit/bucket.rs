@@ -52,8 +52,8 @@ const MAX_WAIT: Duration = Duration::from_secs(365 * 86_400);
 
 /// What a bucket gave one call: enough to refund it safely later.
 ///
-/// Packed to 8-byte alignment: a ticket holds two, and moves with every
-/// response future, so the padding `i128`'s alignment adds is worth
+/// Packed to 8-byte alignment: a settlement holds one, and moves with
+/// every response future, so the padding `i128`'s alignment adds is worth
 /// saving. Fields are only read by value.
 #[derive(Debug, Clone, Copy)]
 #[repr(C, packed(8))]
@@ -61,10 +61,17 @@ pub(super) struct Grant {
     pub(super) amount: u64,
     /// Nanoseconds since the key's epoch.
     pub(super) at: u64,
-    /// The bucket's level right after the grant.
-    level_after: i128,
-    /// The bucket's refund counter at the grant.
-    credited: i128,
+    /// The bucket's level right after the grant, less its refund counter
+    /// at the grant: all a refund's bound needs of the past (see
+    /// [`Bucket::refund`]).
+    mark: i128,
+}
+
+/// An amount to take, cut to the bucket, and scaled.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Scaled {
+    amount: u64,
+    scaled: i128,
 }
 
 #[derive(Debug)]
@@ -143,6 +150,46 @@ impl Bucket {
         self.level >= self.scaled(n)
     }
 
+    /// Whether the bucket holds one unit now: `holds(1)`.
+    #[inline]
+    pub(super) fn holds_one(&self) -> bool {
+        self.level >= self.unit
+    }
+
+    /// Takes one unit, keeping no grant: `take(1)` for a request that goes
+    /// out at once (and is never given back).
+    #[inline]
+    pub(super) fn take_one(&mut self) {
+        self.level = self.level.saturating_sub(self.unit);
+    }
+
+    /// `n`, cut to the whole bucket ([`clamp`](Self::clamp)), scaled.
+    #[inline]
+    pub(super) fn need(&self, n: u64) -> Scaled {
+        let amount = self.clamp(n);
+        Scaled {
+            amount,
+            scaled: self.scaled(amount),
+        }
+    }
+
+    /// Whether the bucket holds `need` now.
+    #[inline]
+    pub(super) fn holds_scaled(&self, need: Scaled) -> bool {
+        self.level >= need.scaled
+    }
+
+    /// `take(need.amount)`, with the scaling done.
+    #[inline]
+    pub(super) fn take_scaled(&mut self, need: Scaled) -> Grant {
+        self.level = self.level.saturating_sub(need.scaled);
+        Grant {
+            amount: need.amount,
+            at: self.updated,
+            mark: self.level.saturating_sub(self.credited),
+        }
+    }
+
     /// How long until the bucket holds `need` (scaled) more than it owes.
     pub(super) fn time_for(&self, need: i128) -> Duration {
         let missing = need.saturating_sub(self.level);
@@ -160,8 +207,7 @@ impl Bucket {
         Grant {
             amount: n,
             at: self.updated,
-            level_after: self.level,
-            credited: self.credited,
+            mark: self.level.saturating_sub(self.credited),
         }
     }
 
@@ -178,11 +224,12 @@ impl Bucket {
             return;
         }
         let since = self.refill_amount(now.saturating_sub(grant.at));
+        // `cap - level_after - since - (credited - credited_at)`.
         let headroom = self
             .cap
-            .saturating_sub(grant.level_after)
+            .saturating_sub(grant.mark)
             .saturating_sub(since)
-            .saturating_sub(self.credited - grant.credited);
+            .saturating_sub(self.credited);
         let back = self.scaled(n).min(headroom);
         if back > 0 {
             // Credit only what fit under the cap: what a full bucket cannot

@@ -60,12 +60,20 @@ pin_project! {
             fut: F,
             // Sent as the inner service was called; settled when it
             // answers.
-            settlement: Option<Settlement>,
-            // The same, for a quota behind a store (boxed: the in-memory
-            // path's future stays as small as it was).
-            remote: Option<Box<RemoteTicket>>,
+            settle: Settle,
         },
     }
+}
+
+/// What a call that went out settles when its response arrives.
+enum Settle {
+    /// Nothing (a store that failed open).
+    Nothing,
+    /// Its in-memory reservation.
+    Local(Settlement),
+    /// Its reservation on a store (boxed: the in-memory path's future stays
+    /// small).
+    Remote(Box<RemoteTicket>),
 }
 
 /// A call that is not admitted yet, or must report its wait.
@@ -109,12 +117,11 @@ where
     // Inlined, so the inner future is built in place rather than moved
     // through each constructor.
     #[inline(always)]
-    pub(super) fn called(fut: S::Future, ticket: Ticket) -> Self {
+    pub(super) fn called(fut: S::Future, settlement: Settlement) -> Self {
         Self {
             state: State::Called {
                 fut,
-                settlement: Some(ticket.send()),
-                remote: None,
+                settle: Settle::Local(settlement),
             },
         }
     }
@@ -211,8 +218,7 @@ where
                     let fut = inner.call(call);
                     State::Called {
                         fut,
-                        settlement: Some(ticket.send()),
-                        remote: None,
+                        settle: Settle::Local(ticket.send()),
                     }
                 }
                 StateProj::Remote { waiting } => {
@@ -234,26 +240,23 @@ where
                     }
                     State::Called {
                         fut: inner.call(call),
-                        settlement: None,
-                        remote: ticket.map(Box::new),
+                        settle: match ticket {
+                            Some(ticket) => Settle::Remote(Box::new(ticket)),
+                            None => Settle::Nothing,
+                        },
                     }
                 }
-                StateProj::Called {
-                    fut,
-                    settlement,
-                    remote,
-                } => {
+                StateProj::Called { fut, settle } => {
                     let response = match ready!(fut.poll(cx)) {
                         Ok(response) => response,
                         // A failed call keeps its reservation.
                         Err(err) => return Poll::Ready(Err(err.into())),
                     };
                     let actual = response.usage.total_tokens();
-                    if let Some(settlement) = settlement {
-                        settlement.settle(actual);
-                    }
-                    if let Some(remote) = remote.take() {
-                        remote.settle(actual);
+                    match std::mem::replace(settle, Settle::Nothing) {
+                        Settle::Local(mut settlement) => settlement.settle(actual),
+                        Settle::Remote(remote) => remote.settle(actual),
+                        Settle::Nothing => {}
                     }
                     return Poll::Ready(Ok(response));
                 }
@@ -285,10 +288,15 @@ where
                 .debug_struct("ResponseFuture::Remote")
                 .field("wait", &waiting.wait)
                 .finish_non_exhaustive(),
-            State::Called { settlement, .. } => f
-                .debug_struct("ResponseFuture::Called")
-                .field("settlement", settlement)
-                .finish_non_exhaustive(),
+            State::Called { settle, .. } => {
+                let mut called = f.debug_struct("ResponseFuture::Called");
+                match settle {
+                    Settle::Local(settlement) => called.field("settlement", settlement),
+                    Settle::Remote(ticket) => called.field("remote", ticket),
+                    Settle::Nothing => called.field("settlement", &"none"),
+                };
+                called.finish_non_exhaustive()
+            }
         }
     }
 }

@@ -29,10 +29,13 @@ use tokio::time::Instant;
 
 use super::bucket::{Bucket, Epoch, Grant};
 use super::limits::{Config, EstimateFn, KeyFn, Limits};
+pub(super) use super::need::Need;
+use super::need::TextMemo;
 use super::posts::{self, InFlight, Posts};
 use super::remote::Remote;
 use crate::request::ModelCall;
 use crate::tokens::{request_tokens, TokenCounters};
+use crate::types::ModelName;
 
 struct Queued {
     id: u64,
@@ -56,9 +59,19 @@ struct KeyState {
     /// The token grants of calls whose settlement is posted without the
     /// lock.
     inflight: InFlight,
+    /// The text size of the last history estimated, by lineage and length
+    /// (which fix its messages): a run's calls of one key mostly ask again
+    /// for the same history, or for it grown.
+    memo: TextMemo,
 }
 
 impl KeyState {
+    /// The tokens `need` comes to.
+    #[inline]
+    fn tokens(&mut self, need: Need<'_>) -> u64 {
+        self.memo.tokens(need)
+    }
+
     /// Applies the settlements posted since the lock was last taken, then
     /// refills to `now`.
     fn catch_up(&mut self, posts: &Posts, now: u64) {
@@ -119,6 +132,41 @@ impl KeyState {
         (request_grant, token_grant, slot)
     }
 
+    /// Takes one request and `tokens` (cut to the whole token limit) if
+    /// nobody is queued and both fit: what [`fits`](Self::fits) and
+    /// [`take`](Self::take) do for a call that holds nothing, in one pass.
+    /// Keeps no request grant.
+    #[inline]
+    fn admit_now(&mut self, tokens: u64) -> Option<(Option<Grant>, Option<u8>)> {
+        if !self.queue.is_empty() {
+            return None;
+        }
+        let request = match &self.requests {
+            Some(b) if !b.holds_one() => return None,
+            b => b.is_some(),
+        };
+        let tokens = match &self.tokens {
+            Some(b) if tokens > 0 => {
+                let need = b.need(tokens);
+                if !b.holds_scaled(need) {
+                    return None;
+                }
+                Some(need)
+            }
+            _ => None,
+        };
+        if request {
+            if let Some(b) = &mut self.requests {
+                b.take_one();
+            }
+        }
+        let grant = match (tokens, &mut self.tokens) {
+            (Some(need), Some(b)) => b.take_scaled(need),
+            _ => return Some((None, None)),
+        };
+        Some((Some(grant), self.inflight.hold(grant)))
+    }
+
     /// Whether the key is what a fresh one would be: full buckets, nobody
     /// queued.
     fn is_idle(&mut self, posts: &Posts, now: u64) -> bool {
@@ -165,6 +213,7 @@ impl KeyShared {
                 holders: 0,
                 next_id: 0,
                 inflight: InFlight::default(),
+                memo: TextMemo::EMPTY,
             }),
             posts: Posts::new(),
         }
@@ -194,12 +243,43 @@ impl KeyShared {
     pub(super) fn enter(
         &self,
         requests: u64,
-        tokens: u64,
+        tokens: Need<'_>,
         max_wait: Duration,
     ) -> Result<Entered, Duration> {
         let now = self.epoch.now();
         let mut state = self.state();
         state.catch_up(&self.posts, now);
+        let tokens = state.tokens(tokens);
+        self.enter_locked(state, requests, tokens, max_wait)
+    }
+
+    /// [`enter`](Self::enter) for a call that holds nothing: one request
+    /// and `tokens`. Admitted at once, it keeps no request grant (the call
+    /// goes out at once, which spends the request).
+    #[inline]
+    pub(super) fn enter_call(
+        &self,
+        tokens: Need<'_>,
+        max_wait: Duration,
+    ) -> Result<Entered, Duration> {
+        let now = self.epoch.now();
+        let mut state = self.state();
+        state.catch_up(&self.posts, now);
+        let tokens = state.tokens(tokens);
+        if let Some((grant, slot)) = state.admit_now(tokens) {
+            drop(state);
+            return Ok(Entered::Admitted((None, grant, slot)));
+        }
+        self.enter_locked(state, 1, tokens, max_wait)
+    }
+
+    fn enter_locked(
+        &self,
+        mut state: MutexGuard<'_, KeyState>,
+        requests: u64,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<Entered, Duration> {
         let requests = state.requests.as_ref().map_or(0, |b| b.clamp(requests));
         let tokens = state.tokens.as_ref().map_or(0, |b| b.clamp(tokens));
         let holder = requests == 0;
@@ -333,8 +413,7 @@ impl KeyShared {
     /// Posts the settlement of the call holding `slot` without the lock or
     /// the clock (`None`: the reservation is kept); takes the lock only if a
     /// call is queued, to apply it and let the head go.
-    pub(super) fn post(&self, slot: u8, grant: &Grant, actual: Option<u64>) {
-        let actual = actual.filter(|actual| *actual != grant.amount);
+    pub(super) fn post(&self, slot: u8, actual: Option<u64>) {
         if self.posts.post(slot, actual) {
             let now = self.epoch.now();
             self.state().catch_up(&self.posts, now);
@@ -360,6 +439,11 @@ pub(super) struct Limiter {
     /// The first key seen, read without a lock. Set only under `keys`'
     /// lock, and never also in `keys`.
     first: OnceLock<Arc<KeyShared>>,
+    /// The model name the first key was found by, when keyed by model: a
+    /// call whose name shares its storage (a clone of it, as the calls of a
+    /// run or of an agent have) is of the first key, with no string
+    /// compared. Held, so its storage cannot be reused by another name.
+    first_name: OnceLock<ModelName>,
     /// Every other key.
     keys: Mutex<Keys>,
 }
@@ -407,6 +491,7 @@ impl Limiter {
             default_output_tokens: config.default_output_tokens,
             counters: config.counters,
             first: OnceLock::new(),
+            first_name: OnceLock::new(),
             keys: Mutex::new(Keys {
                 map: HashMap::new(),
                 sweep_at: config.idle_keys.max(1),
@@ -458,8 +543,29 @@ impl Limiter {
         }
         match &self.key_fn {
             Some(f) => self.key(&f(call)),
-            None => self.key(&call.request.model),
+            None => self.key_of_model(&call.request.model),
         }
+    }
+
+    /// The state of the key `model`.
+    #[inline]
+    fn key_of_model(&self, model: &ModelName) -> Arc<KeyShared> {
+        if let (Some(first), Some(name)) = (self.first.get(), self.first_name.get()) {
+            let (a, b) = (name.as_str(), model.as_str());
+            if std::ptr::eq(a, b) {
+                return first.clone();
+            }
+        }
+        let key = self.key(model);
+        if self.first_name.get().is_none()
+            && self
+                .first
+                .get()
+                .is_some_and(|first| Arc::ptr_eq(first, &key))
+        {
+            let _ = self.first_name.set(model.clone());
+        }
+        key
     }
 
     /// The name of `call`'s key, and its limits (for a store-backed quota).
@@ -477,20 +583,35 @@ impl Limiter {
     /// model's counter, or its text at four bytes a token) plus
     /// `max_tokens` (or the default output estimate).
     pub(super) fn estimate(&self, call: &ModelCall) -> u64 {
+        match self.need(call) {
+            Need::Tokens(tokens) => tokens,
+            Need::Text { messages, output } => {
+                messages.text_len().div_ceil(4).saturating_add(output)
+            }
+        }
+    }
+
+    /// What [`estimate`](Self::estimate) says, or its parts when the text
+    /// is to be measured.
+    #[inline]
+    pub(super) fn need<'a>(&self, call: &'a ModelCall) -> Need<'a> {
         let request = &call.request;
         if let Some(f) = &self.estimate {
-            return f(request);
+            return Need::Tokens(f(request));
         }
-        let input = match &self.counters {
-            Some(counters) => request_tokens(&call.context, counters, request),
-            None => request.messages.text_len().div_ceil(4),
-        };
-        input.saturating_add(
-            request
-                .settings
-                .max_tokens
-                .map_or(self.default_output_tokens, u64::from),
-        )
+        let output = request
+            .settings
+            .max_tokens
+            .map_or(self.default_output_tokens, u64::from);
+        match &self.counters {
+            Some(counters) => Need::Tokens(
+                request_tokens(&call.context, counters, request).saturating_add(output),
+            ),
+            None => Need::Text {
+                messages: &request.messages,
+                output,
+            },
+        }
     }
 }
 

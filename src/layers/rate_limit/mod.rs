@@ -143,6 +143,7 @@ mod bucket;
 mod layer;
 mod limiter;
 mod limits;
+mod need;
 mod posts;
 mod remote;
 #[cfg(test)]
@@ -166,8 +167,8 @@ use tower::Service;
 use crate::error::BoxError;
 use crate::request::ModelCall;
 use crate::types::ModelResponse;
-use limiter::{KeyShared, Limiter};
-use ticket::{Arrival, Refused, Ticket, Waiter};
+use limiter::{Entered, KeyShared, Limiter};
+use ticket::{Arrival, Refused, Settlement, Ticket, Waiter};
 
 /// What `poll_ready` holds for the next call (with a fixed key).
 enum Slot {
@@ -297,8 +298,12 @@ where
             let inner = std::mem::replace(&mut self.inner, clone);
             return future::ResponseFuture::remote(inner, call, wait);
         }
+        if let Slot::Empty = self.slot {
+            // A key per request, nothing held from `poll_ready`: the path of
+            // most calls, kept apart so it stays short.
+            return self.call_now(call);
+        }
         let (held, waited) = match &self.slot {
-            // A key per request: nothing was held in `poll_ready`.
             Slot::Empty => (None, Duration::ZERO),
             _ => match std::mem::replace(&mut self.slot, Slot::Empty) {
                 Slot::Refused { key, retry_after } => {
@@ -328,11 +333,8 @@ where
             // Ample capacity and nothing to report: call the service made
             // ready right away.
             Ok(Arrival::Admitted(ticket)) if waited.is_zero() => {
-                let ticket = match held {
-                    None => ticket,
-                    held => merged(held, ticket),
-                };
-                future::ResponseFuture::called(self.inner.call(call), ticket)
+                let ticket = merged(held, ticket);
+                future::ResponseFuture::called(self.inner.call(call), ticket.send())
             }
             Ok(arrival) => {
                 let (waiter, held) = match arrival {
@@ -344,6 +346,46 @@ where
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
                 future::ResponseFuture::waiting(inner, call, waiter, held, waited)
+            }
+        }
+    }
+}
+
+impl<S> ModelRateLimit<S>
+where
+    S: Service<ModelCall, Response = ModelResponse> + Clone,
+    S::Error: Into<BoxError>,
+{
+    /// `call` with an in-memory quota and nothing held: reserves the
+    /// call's request and tokens at once.
+    #[inline]
+    fn call_now(&mut self, call: ModelCall) -> future::ResponseFuture<S> {
+        let Ok(limiter) = &self.limiter else {
+            unreachable!("checked by `call`")
+        };
+        let key = limiter.key_of(&call);
+        let max_wait = match call.context.remaining() {
+            Some(left) => limiter.max_wait.min(left),
+            None => limiter.max_wait,
+        };
+        match key.enter_call(limiter.need(&call), max_wait) {
+            Ok(Entered::Admitted((_, tokens, slot))) => {
+                // Ample capacity: call the service made ready right away.
+                // The request slot is spent as the call goes out; only the
+                // tokens are settled.
+                let settlement = Settlement::new(key, tokens, slot);
+                future::ResponseFuture::called(self.inner.call(call), settlement)
+            }
+            Ok(Entered::Queued(id)) => {
+                // The response future calls later: it takes the ready
+                // service, and leaves a clone to be made ready.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                let waiter = Waiter::new(key, id);
+                future::ResponseFuture::waiting(inner, call, Some(waiter), None, Duration::ZERO)
+            }
+            Err(retry_after) => {
+                future::ResponseFuture::refused(RateLimited::new(key.key(), retry_after))
             }
         }
     }

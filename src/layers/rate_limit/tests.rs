@@ -296,3 +296,36 @@ async fn calls_beyond_the_posting_slots_settle_exactly_too() {
     let refused = err.downcast_ref::<RateLimited>().unwrap();
     assert_eq!(refused.retry_after(), Duration::from_secs(12));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_model_name_finds_its_key_whether_or_not_it_shares_the_first_ones_storage() {
+    let mut service = ModelRateLimitLayer::new()
+        .requests(2, Duration::from_secs(60))
+        .max_wait(Duration::ZERO)
+        .layer(ScriptedModel::from_fn(|_| ScriptedTurn::text("ok")));
+    let first = call("m");
+    // A clone shares the name's storage; a new request of the same name
+    // does not. Both draw on the one quota of `m`.
+    for call in [first.clone(), first.clone(), call("m")] {
+        let _ = service.ready().await.unwrap().call(call).await;
+    }
+    let err = service
+        .ready()
+        .await
+        .unwrap()
+        .call(first)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<RateLimited>().unwrap().retry_after(),
+        Duration::from_secs(30)
+    );
+    // Another name is another key, with its own quota.
+    service
+        .ready()
+        .await
+        .unwrap()
+        .call(call("n"))
+        .await
+        .unwrap();
+}

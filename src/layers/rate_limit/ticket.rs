@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::Sleep;
 
 use super::bucket::Grant;
-use super::limiter::{Admit, Entered, KeyShared, Taken};
+use super::limiter::{Admit, Entered, KeyShared, Need, Taken};
 
 /// A call refused on arrival: it would wait longer than it may.
 pub(super) struct Refused {
@@ -44,7 +44,7 @@ impl KeyShared {
         tokens: u64,
         max_wait: Duration,
     ) -> Result<Arrival, Refused> {
-        match self.enter(requests, tokens, max_wait) {
+        match self.enter(requests, Need::Tokens(tokens), max_wait) {
             Ok(Entered::Admitted(taken)) => Ok(Arrival::Admitted(Ticket::new(self, taken))),
             Ok(Entered::Queued(id)) => Ok(Arrival::Queued(Waiter::new(self, id))),
             Err(retry_after) => Err(Refused {
@@ -181,49 +181,73 @@ impl Ticket {
     /// the tokens are settled, with the response's usage.
     #[inline]
     pub(super) fn send(mut self) -> Settlement {
-        Settlement {
-            shared: self.shared.take().expect("a ticket is sent once"),
-            tokens: self.tokens.take(),
-            slot: self.slot.take(),
-        }
+        let shared = self.shared.take().expect("a ticket is sent once");
+        Settlement::new(shared, self.tokens.take(), self.slot.take())
     }
 }
 
 /// What a call that went out still has to settle: its token reservation.
-/// Smaller than its [`Ticket`], as it moves with the response future.
-/// Dropped unsettled (the call failed), it keeps the reservation.
+/// A few words, as it moves with the response future: the grant of a call
+/// that holds a posting slot stays with the key. Dropped unsettled (the
+/// call failed), it keeps the reservation.
 pub(super) struct Settlement {
     shared: Arc<KeyShared>,
-    tokens: Option<Grant>,
-    slot: Option<u8>,
+    pending: Pending,
+}
+
+/// What a [`Settlement`] still has to do.
+#[derive(Clone, Copy)]
+enum Pending {
+    /// Nothing: no token limit, or settled already.
+    Settled,
+    /// Post the outcome in this slot (the key keeps the grant).
+    Posted(u8),
+    /// Settle this grant under the key's lock (no slot was free).
+    Locked(Grant),
 }
 
 impl Settlement {
+    /// What a call admitted with `tokens` (and the posting `slot`, if
+    /// any) settles once sent.
+    #[inline]
+    pub(super) fn new(shared: Arc<KeyShared>, tokens: Option<Grant>, slot: Option<u8>) -> Self {
+        let pending = match (tokens, slot) {
+            (Some(_), Some(slot)) => Pending::Posted(slot),
+            (Some(grant), None) => Pending::Locked(grant),
+            (None, _) => Pending::Settled,
+        };
+        Self { shared, pending }
+    }
+
     /// Charges the difference between the real token count and the
     /// reservation, or refunds it. Once: the tokens are then settled.
     pub(super) fn settle(&mut self, actual_tokens: u64) {
-        if let Some(grant) = self.tokens.take() {
-            match self.slot.take() {
-                Some(slot) => self.shared.post(slot, &grant, Some(actual_tokens)),
-                None => self.shared.settle(&grant, actual_tokens),
-            }
+        match std::mem::replace(&mut self.pending, Pending::Settled) {
+            Pending::Posted(slot) => self.shared.post(slot, Some(actual_tokens)),
+            Pending::Locked(grant) => self.shared.settle(&grant, actual_tokens),
+            Pending::Settled => {}
         }
     }
 }
 
 impl Drop for Settlement {
     fn drop(&mut self) {
-        if let (Some(slot), Some(grant)) = (self.slot.take(), self.tokens.take()) {
-            self.shared.post(slot, &grant, None);
+        if let Pending::Posted(slot) = self.pending {
+            self.shared.post(slot, None);
         }
     }
 }
 
 impl fmt::Debug for Settlement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pending = match self.pending {
+            Pending::Settled => "settled",
+            Pending::Posted(_) => "posted",
+            Pending::Locked(_) => "locked",
+        };
         f.debug_struct("Settlement")
             .field("key", &self.shared.key())
-            .field("tokens", &self.tokens.map(|g| g.amount))
+            .field("pending", &pending)
             .finish()
     }
 }
