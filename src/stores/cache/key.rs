@@ -171,11 +171,31 @@ const DEFAULT_SETTINGS: [u8; 13] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
 /// What a request's settings feed: the default settings (the common case)
 /// in one write, any others field by field.
 fn settings(input: &mut Input, settings: &ModelSettings) {
-    if *settings == ModelSettings::default() {
+    if is_default(settings) {
         input.bytes(&DEFAULT_SETTINGS);
         return;
     }
     all_settings(input, settings);
+}
+
+/// Whether `settings` are [`ModelSettings::default`], without building the
+/// default to compare with. Every field is named, so a field added to the
+/// settings cannot be left out unnoticed.
+fn is_default(settings: &ModelSettings) -> bool {
+    let ModelSettings {
+        temperature,
+        max_tokens,
+        stop,
+        response_format,
+        parallel_tool_calls,
+        tool_choice,
+    } = settings;
+    temperature.is_none()
+        && max_tokens.is_none()
+        && stop.is_empty()
+        && response_format.is_none()
+        && parallel_tool_calls.is_none()
+        && tool_choice.is_none()
 }
 
 /// What [`settings`] feeds, field by field. Every field is named, so a
@@ -222,16 +242,42 @@ fn all_settings(input: &mut Input, settings: &ModelSettings) {
 }
 
 fn compose(request: &ModelRequest, tools: [u8; 16]) -> CacheKey {
-    let mut input = Input::new();
-    input.str(&request.model);
     // The message count, the history's digest and the tools', in one write.
     let mut fixed = [0; 40];
     fixed[..8].copy_from_slice(&(request.messages.len() as u64).to_le_bytes());
     fixed[8..24].copy_from_slice(&request.messages.digest());
     fixed[24..].copy_from_slice(&tools);
+    if let Some(key) = compose_short(request, &fixed) {
+        return key;
+    }
+    let mut input = Input::new();
+    input.str(&request.model);
     input.bytes(&fixed);
     settings(&mut input, &request.settings);
     CacheKey(input.finish())
+}
+
+/// [`compose`] of the common request, with default settings and a short
+/// model name: the same bytes laid out at fixed places in one buffer, with
+/// none of [`Input`]'s checks per write.
+#[inline]
+fn compose_short(request: &ModelRequest, fixed: &[u8; 40]) -> Option<CacheKey> {
+    const HEAD: usize = VERSION.len() + 8;
+    const TAIL: usize = 40 + DEFAULT_SETTINGS.len();
+    let name = request.model.as_bytes();
+    if name.len() > INLINE - HEAD - TAIL || !is_default(&request.settings) {
+        return None;
+    }
+    let mut buf = [0; INLINE];
+    buf[..VERSION.len()].copy_from_slice(VERSION);
+    buf[VERSION.len()..HEAD].copy_from_slice(&(name.len() as u64).to_le_bytes());
+    let (_, rest) = buf.split_at_mut(HEAD);
+    let (named, rest) = rest.split_at_mut(name.len());
+    named.copy_from_slice(name);
+    rest[..40].copy_from_slice(fixed);
+    // The default settings feed zeros: the buffer holds them already.
+    let len = HEAD + name.len() + TAIL;
+    Some(CacheKey(xxh3_128(&buf[..len]).to_le_bytes()))
 }
 
 /// A tool list and its digest.
@@ -395,6 +441,30 @@ mod tests {
         all_settings(&mut long, &ModelSettings::default());
         assert_eq!(short.len, VERSION.len() + DEFAULT_SETTINGS.len());
         assert_eq!(short.finish(), long.finish());
+    }
+
+    #[test]
+    fn the_short_layout_feeds_what_the_input_would() {
+        let fixed = [7; 40];
+        let room = INLINE - VERSION.len() - 8 - 40 - DEFAULT_SETTINGS.len();
+        for len in [0, 1, room - 1, room] {
+            let request = ModelRequest::new("m".repeat(len).as_str(), vec![Message::user("hi")]);
+            let mut input = Input::new();
+            input.str(&request.model);
+            input.bytes(&fixed);
+            settings(&mut input, &request.settings);
+            assert!(input.stream.is_none());
+            assert_eq!(
+                compose_short(&request, &fixed),
+                Some(CacheKey(input.finish())),
+                "a name of {len} bytes"
+            );
+        }
+        let long = ModelRequest::new("m".repeat(room + 1).as_str(), vec![]);
+        assert_eq!(compose_short(&long, &fixed), None);
+        let mut set = ModelRequest::new("m", vec![]);
+        set.settings.max_tokens = Some(1);
+        assert_eq!(compose_short(&set, &fixed), None);
     }
 
     #[test]

@@ -114,10 +114,10 @@ impl<T: CacheStore + ?Sized> CacheStore for Arc<T> {
 /// must not overflow.
 const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 86_400);
 
-/// Held inline, not behind an `Arc`: a miss then stores its copy of the
-/// response without a second allocation, and a hit clones the response
-/// as it would clone it out of an `Arc`.
-#[derive(Clone)]
+/// What the store keeps under a key, behind an `Arc`: the cache's slots stay
+/// small (a key and a pointer), so an insert into a full store moves and
+/// evicts a pointer, not a whole response, and a read copies a pointer out
+/// under the shard's lock (the response is copied after it is released).
 struct Entry {
     response: ModelResponse,
     /// On tokio's clock, so expiry follows a paused test clock too.
@@ -162,7 +162,7 @@ pub struct MemoryStore {
 /// The entries, dropping what they evict where they evict it.
 type Entries = quick_cache::sync::Cache<
     CacheKey,
-    Entry,
+    Arc<Entry>,
     quick_cache::UnitWeighter,
     quick_cache::DefaultHashBuilder,
     DropEvicted,
@@ -170,17 +170,16 @@ type Entries = quick_cache::sync::Cache<
 
 /// Drops an evicted entry at once. quick_cache's default lifecycle carries up
 /// to two evicted entries out of every insert, to drop them after the shard's
-/// lock: two whole responses, moved and checked on each miss of a full
-/// store. Dropping a response calls nothing back, so it may as well happen
-/// under the lock.
+/// lock, in a request state built and checked on every insert. Dropping a
+/// response calls nothing back, so it may as well happen under the lock.
 #[derive(Clone, Copy, Debug, Default)]
 struct DropEvicted;
 
-impl quick_cache::Lifecycle<CacheKey, Entry> for DropEvicted {
+impl quick_cache::Lifecycle<CacheKey, Arc<Entry>> for DropEvicted {
     type RequestState = ();
 
     #[inline]
-    fn on_evict(&self, (): &mut (), _key: CacheKey, _entry: Entry) {}
+    fn on_evict(&self, (): &mut (), _key: CacheKey, _entry: Arc<Entry>) {}
 }
 
 impl MemoryStore {
@@ -229,10 +228,12 @@ impl MemoryStore {
     fn lookup(&self, key: CacheKey) -> Option<ModelResponse> {
         let entry = self.entries.get(&key)?;
         if entry.expires_at <= Instant::now() {
-            self.entries.remove(&key);
+            // Only this entry: another may have replaced it since the read.
+            self.entries
+                .remove_if(&key, |held| Arc::ptr_eq(held, &entry));
             return None;
         }
-        Some(entry.response)
+        Some(entry.response.clone())
     }
 
     fn store(&self, key: CacheKey, response: ModelResponse, ttl: Duration) {
@@ -240,10 +241,10 @@ impl MemoryStore {
             return;
         }
         let expires_at = Instant::now() + ttl.min(MAX_TTL);
-        let entry = Entry {
+        let entry = Arc::new(Entry {
             response,
             expires_at,
-        };
+        });
         self.entries.insert(key, entry);
     }
 }
