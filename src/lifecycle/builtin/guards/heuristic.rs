@@ -15,7 +15,7 @@ use super::detector::{excerpt, Detection, Evidence, Family, InjectionDetector, V
 use super::families::{self, FOLDED};
 use super::matcher::Matcher;
 use super::normalize::{fold, normalize};
-use super::signs::Signs;
+use super::signs::{Obfuscation, Signs};
 use crate::context::RunContext;
 use crate::error::BoxError;
 
@@ -110,8 +110,9 @@ impl HeuristicDetector {
     fn scan_into(&self, text: &str, view: View, depth: u8, hits: &mut Vec<Hit>) {
         let normalized = normalize(text);
         let text = normalized.text.as_ref();
-        let signs = Signs::of(text);
-        let triggers = self.match_patterns(text, view, hits);
+        let mut check = Obfuscation::default();
+        let triggers = self.match_patterns(text, view, &mut check, hits);
+        let signs = Signs::after(check, text);
         if normalized.invisible > 0 || normalized.confusables > 0 || signs.obfuscated() {
             let folded = fold(text);
             for m in self.compiled.folded.find_iter(&folded) {
@@ -147,9 +148,16 @@ impl HeuristicDetector {
 
     /// Scores the patterns in `text`; returns the bits of the decoding
     /// [`TRIGGERS`] it holds.
-    fn match_patterns(&self, text: &str, view: View, hits: &mut Vec<Hit>) -> u64 {
+    /// `check` steps over the text's bytes in the same pass.
+    fn match_patterns(
+        &self,
+        text: &str,
+        view: View,
+        check: &mut Obfuscation,
+        hits: &mut Vec<Hit>,
+    ) -> u64 {
         let start = hits.len();
-        let triggers = self.compiled.patterns.find(text, |i, span| {
+        let triggers = self.compiled.patterns.find(text, check, |i, span| {
             let (family, weight, _, _) = *self.compiled.table[i];
             hits.push(Hit {
                 family,

@@ -3,6 +3,8 @@
 //! runs, percent escapes) has anything to find. Most texts show none and
 //! skip both.
 
+use super::literals::Side;
+
 /// The shortest run of base64 or hex characters worth decoding.
 pub(crate) const MIN_RUN: usize = 16;
 
@@ -35,7 +37,6 @@ const LEET_SYMBOL: u8 = 4;
 const SEPARATOR: u8 = 5;
 /// Categories, padded to a power of two.
 const CATS: usize = 8;
-const CATEGORY: u8 = 7;
 
 static CLASS: [u8; 256] = {
     let mut t = [0u8; 256];
@@ -126,38 +127,66 @@ fn blocks(bytes: &[u8]) -> (bool, u32) {
     const LOW7: u64 = u64::from_ne_bytes([0x7F; 8]);
     const PERCENTS: u64 = u64::from_ne_bytes([b'%'; 8]);
     let mut long_run = false;
-    let mut percents = 0u32;
+    // The high bit of each `%` byte of any block: most texts hold none,
+    // and are not counted.
+    let mut any_percent = 0u64;
     let mut chunks = bytes.chunks_exact(8);
-    for (k, block) in chunks.by_ref().enumerate() {
+    let mut start = 0;
+    for block in chunks.by_ref() {
         let word = u64::from_le_bytes(block.try_into().expect("a block of eight"));
         // The high bit of each byte that is `%`: zero after the xor, the
         // only bytes whose low seven bits plus 0x7F stay below 0x80 and
         // whose own high bit is clear (no carry crosses a byte).
         let y = word ^ PERCENTS;
-        percents += (!(((y & LOW7) + LOW7) | y | LOW7)).count_ones();
+        any_percent |= !(((y & LOW7) + LOW7) | y | LOW7);
         // A byte below 0x21 sets its high bit in the difference (and a
         // borrow only runs on from such a byte); one above 0x7F has it set.
-        if long_run || (word.wrapping_sub(ONES) | word) & HIGH != 0 {
-            continue;
+        if (word.wrapping_sub(ONES) | word) & HIGH == 0 && !long_run {
+            long_run = base64_run_around(bytes, start);
         }
-        if !block.iter().all(|&b| is_base64(b)) {
-            continue;
-        }
-        let start = k * 8;
-        let before = bytes[..start]
-            .iter()
-            .rev()
-            .take_while(|&&b| is_base64(b))
-            .count();
-        let after = bytes[start + 8..]
-            .iter()
-            .take_while(|&&b| is_base64(b))
-            .count();
-        long_run = before + 8 + after >= MIN_RUN;
+        start += 8;
     }
     let rest = chunks.remainder();
-    percents += rest.iter().filter(|&&b| b == b'%').count() as u32;
+    let percents = if any_percent != 0 || rest.contains(&b'%') {
+        bytes.iter().filter(|&&b| b == b'%').count() as u32
+    } else {
+        0
+    };
     (long_run, percents)
+}
+
+/// Whether the printable block of eight at `start` is all base64 and,
+/// with its base64 neighbours, makes a run of [`MIN_RUN`].
+#[cold]
+fn base64_run_around(bytes: &[u8], start: usize) -> bool {
+    if !bytes[start..start + 8].iter().all(|&b| is_base64(b)) {
+        return false;
+    }
+    let before = bytes[..start]
+        .iter()
+        .rev()
+        .take_while(|&&b| is_base64(b))
+        .count();
+    let after = bytes[start + 8..]
+        .iter()
+        .take_while(|&&b| is_base64(b))
+        .count();
+    before + 8 + after >= MIN_RUN
+}
+
+/// The obfuscation check, stepped one byte at a time (beside another pass
+/// over the same bytes); [`Signs::after`] reads its answer.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Obfuscation {
+    state: u16,
+}
+
+impl Side for Obfuscation {
+    #[inline(always)]
+    fn step(&mut self, b: u8) {
+        let c = CLASS[usize::from(b)];
+        self.state = STEP[(usize::from(self.state) + usize::from(c)) & (STEP.len() - 1)];
+    }
 }
 
 /// The signs seen in a text.
@@ -172,16 +201,20 @@ pub(crate) struct Signs {
 
 impl Signs {
     /// The signs of `text`.
+    #[cfg(test)]
     pub(crate) fn of(text: &str) -> Self {
-        let bytes = text.as_bytes();
-        let mut state = 0u16;
-        for &b in bytes {
-            let c = CLASS[usize::from(b)];
-            state = STEP[(usize::from(state) + usize::from(c & CATEGORY)) & (STEP.len() - 1)];
+        let mut check = Obfuscation::default();
+        for &b in text.as_bytes() {
+            check.step(b);
         }
-        let (long_run, percents) = blocks(bytes);
+        Self::after(check, text)
+    }
+
+    /// The signs of `text`, once `check` has stepped over all its bytes.
+    pub(crate) fn after(check: Obfuscation, text: &str) -> Self {
+        let (long_run, percents) = blocks(text.as_bytes());
         Signs {
-            state,
+            state: check.state,
             long_run,
             percents,
         }
