@@ -15,7 +15,7 @@ use super::detector::{excerpt, Detection, Evidence, Family, InjectionDetector, V
 use super::families::{self, FOLDED};
 use super::matcher::Matcher;
 use super::normalize::{fold, normalize};
-use super::signs::{Obfuscation, Signs};
+use super::signs::{Obfuscation, ObfuscationCheck, Signs};
 use crate::context::RunContext;
 use crate::error::BoxError;
 
@@ -108,12 +108,24 @@ impl HeuristicDetector {
     }
 
     fn scan_into(&self, text: &str, view: View, depth: u8, hits: &mut Vec<Hit>) {
+        let first = hits.len();
         let normalized = normalize(text);
         let text = normalized.text.as_ref();
-        let mut check = Obfuscation::default();
+        let mut check = ObfuscationCheck::default();
         let triggers = self.match_patterns(text, view, &mut check, hits);
         let signs = Signs::after(check, text);
-        if normalized.invisible > 0 || normalized.confusables > 0 || signs.obfuscated() {
+        // The folded view, where the text shows obfuscation; where the sign
+        // went up only for characters ordinary text puts between letters
+        // (an e-mail's `@`, a hex id), only when the text already shows an
+        // attack, which the folded view may add to.
+        let fold_it = normalized.invisible > 0
+            || normalized.confusables > 0
+            || match signs.obfuscation(text) {
+                Obfuscation::None => false,
+                Obfuscation::Ordinary => hits.len() > first,
+                Obfuscation::Shown => true,
+            };
+        if fold_it {
             let folded = fold(text);
             for m in self.compiled.folded.find_iter(&folded) {
                 let (family, weight, phrase) = FOLDED[m.pattern().as_usize()];
@@ -153,7 +165,7 @@ impl HeuristicDetector {
         &self,
         text: &str,
         view: View,
-        check: &mut Obfuscation,
+        check: &mut ObfuscationCheck,
         hits: &mut Vec<Hit>,
     ) -> u64 {
         let start = hits.len();
