@@ -237,7 +237,7 @@ impl Literals {
 }
 
 /// How many matches [`Literals::next_matches`] reports at most at once.
-pub(crate) const BATCH: usize = 32;
+pub(crate) const BATCH: usize = 16;
 
 /// A byte machine stepped beside the automaton, in the same loop.
 pub(crate) trait Side: Copy {
@@ -308,12 +308,6 @@ mod tests {
         want.sort_unstable();
         assert_eq!(found(&lits, text), want);
         assert!(lits.match_states() > 0);
-        eprintln!(
-            "{} classes, {} entries, {} match states",
-            1 << lits.stride2,
-            lits.next.len(),
-            lits.match_states()
-        );
     }
 
     #[derive(Clone, Copy, Default)]

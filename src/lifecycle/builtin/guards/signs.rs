@@ -162,22 +162,26 @@ fn blocks(bytes: &[u8]) -> (bool, u32) {
 
 /// Whether the printable block of eight at `start` is all base64 and,
 /// with its base64 neighbours, makes a run of [`MIN_RUN`].
-#[cold]
 fn base64_run_around(bytes: &[u8], start: usize) -> bool {
-    if !bytes[start..start + 8].iter().all(|&b| is_base64(b)) {
+    let b64 = |b: &u8| B64[usize::from(*b)];
+    if !bytes[start..start + 8].iter().all(b64) {
         return false;
     }
-    let before = bytes[..start]
-        .iter()
-        .rev()
-        .take_while(|&&b| is_base64(b))
-        .count();
-    let after = bytes[start + 8..]
-        .iter()
-        .take_while(|&&b| is_base64(b))
-        .count();
+    let before = bytes[..start].iter().rev().take_while(|b| b64(b)).count();
+    let after = bytes[start + 8..].iter().take_while(|b| b64(b)).count();
     before + 8 + after >= MIN_RUN
 }
+
+/// Bytes of the base64 (standard and URL-safe) alphabet, and `=`.
+pub(crate) static B64: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = is_base64(i as u8);
+        i += 1;
+    }
+    t
+};
 
 /// The obfuscation check, stepped one byte at a time (beside another pass
 /// over the same bytes); [`Signs::after`] reads its answer.
