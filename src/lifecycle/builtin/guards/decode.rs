@@ -7,7 +7,7 @@ use base64::engine::general_purpose::{STANDARD_PAD_INDIFFERENT, URL_SAFE_PAD_IND
 use base64::Engine;
 
 use super::detector::View;
-use super::signs::{is_base64, Signs, MIN_RUN};
+use super::signs::{Signs, B64, MIN_RUN};
 
 /// Literals that make a payload worth decoding, found by the detector's
 /// one pass over the text ([`payloads`] takes the bits of those present):
@@ -31,17 +31,6 @@ pub(crate) const TRIGGERS: &[&str] = &[
 const ROT13_BITS: u64 = (1 << 10) - 1;
 /// The bit of the JSON escape.
 const ESCAPE_BIT: u64 = 1 << 10;
-
-/// Bytes of the base64 (standard and URL-safe) alphabet, and `=`.
-static B64: [bool; 256] = {
-    let mut t = [false; 256];
-    let mut i = 0;
-    while i < 256 {
-        t[i] = is_base64(i as u8);
-        i += 1;
-    }
-    t
-};
 
 /// Whether [`payloads`] can find anything in a text with these `signs` and
 /// `triggers`: a run of base64 or hex long enough, three percent escapes,

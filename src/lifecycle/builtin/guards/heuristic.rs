@@ -15,7 +15,7 @@ use super::detector::{excerpt, Detection, Evidence, Family, InjectionDetector, V
 use super::families::{self, FOLDED};
 use super::matcher::Matcher;
 use super::normalize::{fold, normalize};
-use super::signs::Signs;
+use super::signs::{Obfuscation, ObfuscationCheck, Signs};
 use crate::context::RunContext;
 use crate::error::BoxError;
 
@@ -108,11 +108,24 @@ impl HeuristicDetector {
     }
 
     fn scan_into(&self, text: &str, view: View, depth: u8, hits: &mut Vec<Hit>) {
+        let first = hits.len();
         let normalized = normalize(text);
         let text = normalized.text.as_ref();
-        let signs = Signs::of(text);
-        let triggers = self.match_patterns(text, view, hits);
-        if normalized.invisible > 0 || normalized.confusables > 0 || signs.obfuscated() {
+        let mut check = ObfuscationCheck::default();
+        let triggers = self.match_patterns(text, view, &mut check, hits);
+        let signs = Signs::after(check, text);
+        // The folded view, where the text shows obfuscation; where the sign
+        // went up only for characters ordinary text puts between letters
+        // (an e-mail's `@`, a hex id), only when the text already shows an
+        // attack, which the folded view may add to.
+        let fold_it = normalized.invisible > 0
+            || normalized.confusables > 0
+            || match signs.obfuscation(text) {
+                Obfuscation::None => false,
+                Obfuscation::Ordinary => hits.len() > first,
+                Obfuscation::Shown => true,
+            };
+        if fold_it {
             let folded = fold(text);
             for m in self.compiled.folded.find_iter(&folded) {
                 let (family, weight, phrase) = FOLDED[m.pattern().as_usize()];
@@ -147,9 +160,16 @@ impl HeuristicDetector {
 
     /// Scores the patterns in `text`; returns the bits of the decoding
     /// [`TRIGGERS`] it holds.
-    fn match_patterns(&self, text: &str, view: View, hits: &mut Vec<Hit>) -> u64 {
+    /// `check` steps over the text's bytes in the same pass.
+    fn match_patterns(
+        &self,
+        text: &str,
+        view: View,
+        check: &mut ObfuscationCheck,
+        hits: &mut Vec<Hit>,
+    ) -> u64 {
         let start = hits.len();
-        let triggers = self.compiled.patterns.find(text, |i, span| {
+        let triggers = self.compiled.patterns.find(text, check, |i, span| {
             let (family, weight, _, _) = *self.compiled.table[i];
             hits.push(Hit {
                 family,

@@ -93,6 +93,7 @@ mod guardrails;
 mod heuristic;
 mod injection;
 mod judge;
+mod literals;
 mod markup;
 mod matcher;
 mod model;
