@@ -167,6 +167,19 @@ fn with_ledger<R>(ctx: &RunContext, f: impl FnOnce(&mut Ledger) -> R) -> R {
     f(ctx.shared().ledger.get_or_insert_with(Box::default))
 }
 
+/// Adds a call's `entry` to the total of `ledger`.
+fn add_to_total(ledger: &mut Ledger, entry: UsageEntry) {
+    ledger.total += entry.usage;
+    if let Some(cost) = entry.cost {
+        *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
+    }
+    if ledger.entries.capacity() == 0 {
+        // Many runs make one call: room for one entry, not four.
+        ledger.entries.reserve_exact(1);
+    }
+    ledger.entries.push(entry);
+}
+
 /// A fresh, random run id such as `run_3f9a0c1b2d4e5f60`.
 pub fn new_run_id() -> Arc<str> {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -380,19 +393,33 @@ impl RunContext {
     /// [`ModelResponse::usage_recorded`](crate::types::ModelResponse::usage_recorded).
     pub fn record_usage(&self, model: &str, usage: Usage) {
         let cost = self.inner.prices.get().and_then(|p| p.cost(model, &usage));
-        let entry = UsageEntry {
-            run_id: self.run_id().clone(),
-            agent: self.agent_name(),
+        let run_id = self.run_id().clone();
+        let mut entry = Some(UsageEntry {
+            run_id,
+            agent: None,
             model: model.to_owned(),
             usage,
             cost,
-        };
-        with_ledger(self, |own| {
-            own.own += usage;
-            if let Some(cost) = cost {
-                *own.own_cost.get_or_insert(Cost::ZERO) += cost;
-            }
         });
+        // This run's own figures, its total and its entry, in one lock; the
+        // entry moves into the last ledger it goes to, and is copied only
+        // for the runs this one is nested in.
+        {
+            let mut shared = self.shared();
+            let agent = shared.agent_name.clone();
+            let ledger = shared.ledger.get_or_insert_with(Box::default);
+            ledger.own += usage;
+            if let Some(cost) = cost {
+                *ledger.own_cost.get_or_insert(Cost::ZERO) += cost;
+            }
+            let mut own = entry.take().expect("the entry, not taken yet");
+            own.agent = agent;
+            let parent = self.parent();
+            if parent.is_some() {
+                entry = Some(own.clone());
+            }
+            add_to_total(ledger, own);
+        }
         if let Some(cost) = cost {
             self.emit(|| AgentEvent::CostRecorded {
                 run_id: self.run_id().clone(),
@@ -401,20 +428,14 @@ impl RunContext {
                 cost,
             });
         }
-        let mut ctx = Some(self);
+        let mut ctx = self.parent();
         while let Some(c) = ctx {
-            with_ledger(c, |ledger| {
-                ledger.total += usage;
-                if let Some(cost) = cost {
-                    *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
-                }
-                if ledger.entries.capacity() == 0 {
-                    // Many runs make one call: room for one entry, not four.
-                    ledger.entries.reserve_exact(1);
-                }
-                ledger.entries.push(entry.clone());
-            });
             ctx = c.parent();
+            let Some(kept) = entry.take() else { break };
+            if ctx.is_some() {
+                entry = Some(kept.clone());
+            }
+            with_ledger(c, |ledger| add_to_total(ledger, kept));
         }
     }
 
