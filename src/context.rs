@@ -990,6 +990,55 @@ mod tests {
             .all(|d| d.is_ascii_hexdigit() && !d.is_ascii_uppercase()));
     }
 
+    /// A root run without a token makes none to wait, and still stops
+    /// when cancelled: through `cancel`, through a token asked for while it
+    /// waits, and with two waits side by side.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_race_without_a_token_is_cancelled() {
+        let pending = || std::future::pending::<()>();
+
+        let ctx = RunContext::new();
+        let waiting = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { ctx.race(pending()).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(ctx.inner.cancel.get().is_none(), "no token made to wait");
+        ctx.cancel();
+        assert!(matches!(waiting.await.unwrap(), Err(AgentError::Cancelled)));
+
+        let ctx = RunContext::new();
+        let waiting = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { ctx.race(pending()).await }
+        });
+        tokio::task::yield_now().await;
+        let token = ctx.cancellation_token().clone();
+        tokio::task::yield_now().await;
+        token.cancel();
+        assert!(matches!(waiting.await.unwrap(), Err(AgentError::Cancelled)));
+
+        let ctx = RunContext::new();
+        let both = tokio::spawn({
+            let ctx = ctx.clone();
+            async move {
+                let (a, b) = tokio::join!(ctx.race(pending()), ctx.race(pending()));
+                (a, b)
+            }
+        });
+        tokio::task::yield_now().await;
+        ctx.cancel();
+        let (a, b) = both.await.unwrap();
+        assert!(matches!(a, Err(AgentError::Cancelled)));
+        assert!(matches!(b, Err(AgentError::Cancelled)));
+
+        // A race that ends unregisters: the context keeps no waker.
+        let ctx = RunContext::new();
+        let done = ctx.race(std::future::ready(7)).await;
+        assert_eq!(done.unwrap(), 7);
+        assert!(ctx.shared().waiter.is_none());
+    }
+
     #[test]
     fn usage_rolls_up_exactly_once() {
         let root = RunContext::new();
