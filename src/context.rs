@@ -27,7 +27,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
@@ -76,14 +76,17 @@ pub struct RunContext {
 }
 
 struct Inner {
-    run_id: Arc<str>,
+    /// The run's id: given, or drawn when first asked for (a run waiting on
+    /// its model holds no room for its text).
+    run_id: OnceLock<Arc<str>>,
     thread_id: Option<Arc<str>>,
     parent: Option<RunContext>,
     iteration: AtomicU32,
-    cancel: CancellationToken,
-    deadline: Option<Instant>,
-    /// When the root run's context was made: what a deadline is measured from.
-    started: Instant,
+    /// The caller's token, a child of the parent run's, or one made when
+    /// first needed: a root run that nobody cancels, and that nests no run,
+    /// never makes one (see [`CancelWatch`]).
+    cancel: OnceLock<CancellationToken>,
+    deadline: Option<Deadline>,
     state: Mutex<http::Extensions>,
     /// The agent's name, the hook points, the ledger and the rare parts.
     shared: Mutex<Shared>,
@@ -113,6 +116,17 @@ struct Shared {
     ledger: Option<Box<Ledger>>,
     /// Context, a stop, a bracket, a prelude: allocated when first used.
     rare: Option<Box<Rare>>,
+    /// The task of the one [`CancelWatch`] that waits for a cancellation
+    /// while the run has no token: [`RunContext::cancel`] wakes it.
+    waiter: Option<Waker>,
+}
+
+/// When the run must be done, and when the root run's context was made:
+/// what the time taken is measured from.
+#[derive(Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    started: Instant,
 }
 
 /// What many runs never use, kept off the context until they do (every
@@ -153,6 +167,19 @@ fn with_ledger<R>(ctx: &RunContext, f: impl FnOnce(&mut Ledger) -> R) -> R {
     f(ctx.shared().ledger.get_or_insert_with(Box::default))
 }
 
+/// Adds a call's `entry` to the total of `ledger`.
+fn add_to_total(ledger: &mut Ledger, entry: UsageEntry) {
+    ledger.total += entry.usage;
+    if let Some(cost) = entry.cost {
+        *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
+    }
+    if ledger.entries.capacity() == 0 {
+        // Many runs make one call: room for one entry, not four.
+        ledger.entries.reserve_exact(1);
+    }
+    ledger.entries.push(entry);
+}
+
 /// A fresh, random run id such as `run_3f9a0c1b2d4e5f60`.
 pub fn new_run_id() -> Arc<str> {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -182,13 +209,12 @@ impl RunContext {
     pub fn child(&self) -> RunContext {
         RunContext {
             inner: Arc::new(Inner {
-                run_id: new_run_id(),
+                run_id: OnceLock::new(),
                 thread_id: self.inner.thread_id.clone(),
                 parent: Some(self.clone()),
                 iteration: AtomicU32::new(0),
-                cancel: self.inner.cancel.child_token(),
+                cancel: OnceLock::from(self.token().child_token()),
                 deadline: self.inner.deadline,
-                started: self.inner.started,
                 state: Mutex::default(),
                 prices: self
                     .inner
@@ -210,7 +236,7 @@ impl RunContext {
 
     /// The run's id.
     pub fn run_id(&self) -> &Arc<str> {
-        &self.inner.run_id
+        self.inner.run_id.get_or_init(new_run_id)
     }
 
     /// The thread (conversation) the run belongs to, if any.
@@ -280,27 +306,44 @@ impl RunContext {
     /// The run's cancellation token. Cancelling it ends the run with
     /// `CANCELLED` and cancels every nested run.
     pub fn cancellation_token(&self) -> &CancellationToken {
-        &self.inner.cancel
+        self.token()
+    }
+
+    /// The token, made first if the run has none yet. A [`CancelWatch`]
+    /// waiting without one is woken, to watch the token from now on.
+    fn token(&self) -> &CancellationToken {
+        if let Some(token) = self.inner.cancel.get() {
+            return token;
+        }
+        let token = self.inner.cancel.get_or_init(CancellationToken::new);
+        let waiter = self.shared().waiter.take();
+        if let Some(waiter) = waiter {
+            waiter.wake();
+        }
+        token
     }
 
     /// Cancels the run and its nested runs.
     pub fn cancel(&self) {
-        self.inner.cancel.cancel();
+        self.token().cancel();
     }
 
     /// Whether the run was cancelled.
     pub fn is_cancelled(&self) -> bool {
-        self.inner.cancel.is_cancelled()
+        self.inner
+            .cancel
+            .get()
+            .is_some_and(CancellationToken::is_cancelled)
     }
 
     /// Completes when the run is cancelled.
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.inner.cancel.cancelled()
+        self.token().cancelled()
     }
 
     /// When the run must be done, if a deadline was set.
     pub fn deadline(&self) -> Option<Instant> {
-        self.inner.deadline
+        self.inner.deadline.map(|d| d.at)
     }
 
     /// `fut`, unless the run is cancelled or reaches its deadline first:
@@ -308,24 +351,22 @@ impl RunContext {
     /// deadline, after how long), and `fut` is dropped.
     pub(crate) fn race<F: Future>(&self, fut: F) -> Race<'_, F> {
         Race {
-            ctx: self,
-            cancelled: self.cancelled(),
-            deadline: self
-                .deadline()
-                .map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
+            guard: Guard::new(self),
             fut,
         }
     }
 
-    /// How long since the root run's context was made.
+    /// How long since the root run's context was made (zero for a run
+    /// without a deadline, whose start is not kept).
     pub(crate) fn elapsed(&self) -> Duration {
-        self.inner.started.elapsed()
+        self.inner
+            .deadline
+            .map_or(Duration::ZERO, |d| d.started.elapsed())
     }
 
     /// The time left to the deadline (zero once passed), if one was set.
     pub fn remaining(&self) -> Option<Duration> {
-        self.inner
-            .deadline
+        self.deadline()
             .map(|d| d.saturating_duration_since(Instant::now()))
     }
 
@@ -352,41 +393,49 @@ impl RunContext {
     /// [`ModelResponse::usage_recorded`](crate::types::ModelResponse::usage_recorded).
     pub fn record_usage(&self, model: &str, usage: Usage) {
         let cost = self.inner.prices.get().and_then(|p| p.cost(model, &usage));
-        let entry = UsageEntry {
-            run_id: self.inner.run_id.clone(),
-            agent: self.agent_name(),
+        let run_id = self.run_id().clone();
+        let mut entry = Some(UsageEntry {
+            run_id,
+            agent: None,
             model: model.to_owned(),
             usage,
             cost,
-        };
-        with_ledger(self, |own| {
-            own.own += usage;
-            if let Some(cost) = cost {
-                *own.own_cost.get_or_insert(Cost::ZERO) += cost;
-            }
         });
+        // This run's own figures, its total and its entry, in one lock; the
+        // entry moves into the last ledger it goes to, and is copied only
+        // for the runs this one is nested in.
+        {
+            let mut shared = self.shared();
+            let agent = shared.agent_name.clone();
+            let ledger = shared.ledger.get_or_insert_with(Box::default);
+            ledger.own += usage;
+            if let Some(cost) = cost {
+                *ledger.own_cost.get_or_insert(Cost::ZERO) += cost;
+            }
+            let mut own = entry.take().expect("the entry, not taken yet");
+            own.agent = agent;
+            let parent = self.parent();
+            if parent.is_some() {
+                entry = Some(own.clone());
+            }
+            add_to_total(ledger, own);
+        }
         if let Some(cost) = cost {
             self.emit(|| AgentEvent::CostRecorded {
-                run_id: self.inner.run_id.clone(),
+                run_id: self.run_id().clone(),
                 model: model.to_owned(),
                 usage,
                 cost,
             });
         }
-        let mut ctx = Some(self);
+        let mut ctx = self.parent();
         while let Some(c) = ctx {
-            with_ledger(c, |ledger| {
-                ledger.total += usage;
-                if let Some(cost) = cost {
-                    *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
-                }
-                if ledger.entries.capacity() == 0 {
-                    // Many runs make one call: room for one entry, not four.
-                    ledger.entries.reserve_exact(1);
-                }
-                ledger.entries.push(entry.clone());
-            });
             ctx = c.parent();
+            let Some(kept) = entry.take() else { break };
+            if ctx.is_some() {
+                entry = Some(kept.clone());
+            }
+            with_ledger(c, |ledger| add_to_total(ledger, kept));
         }
     }
 
@@ -458,7 +507,7 @@ impl RunContext {
     /// Writes a custom entry to the run's event log.
     pub fn log_event(&self, name: impl Into<String>, data: Value) {
         self.emit(|| AgentEvent::Custom {
-            run_id: self.inner.run_id.clone(),
+            run_id: self.run_id().clone(),
             name: name.into(),
             data,
         });
@@ -766,13 +815,15 @@ impl RunContextBuilder {
     pub fn build(self) -> RunContext {
         RunContext {
             inner: Arc::new(Inner {
-                run_id: self.run_id.unwrap_or_else(new_run_id),
+                run_id: self.run_id.map_or_else(OnceLock::new, OnceLock::from),
                 thread_id: self.thread_id,
                 parent: None,
                 iteration: AtomicU32::new(0),
-                cancel: self.cancel.unwrap_or_default(),
-                deadline: self.deadline,
-                started: Instant::now(),
+                cancel: self.cancel.map_or_else(OnceLock::new, OnceLock::from),
+                deadline: self.deadline.map(|at| Deadline {
+                    at,
+                    started: Instant::now(),
+                }),
                 state: Mutex::new(self.state),
                 prices: OnceLock::new(),
                 events: self.events.unwrap_or_else(noop_sink),
@@ -791,10 +842,7 @@ pin_project! {
     /// one while it waits on its model, so it is small: the deadline's timer
     /// is on the heap, and only when the run has a deadline.
     pub(crate) struct Race<'a, F> {
-        ctx: &'a RunContext,
-        #[pin]
-        cancelled: WaitForCancellationFuture<'a>,
-        deadline: Option<Pin<Box<Sleep>>>,
+        guard: Guard<'a>,
         #[pin]
         fut: F,
     }
@@ -805,27 +853,125 @@ impl<F: Future> Future for Race<'_, F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
+        let fut = this.fut;
+        this.guard.poll(cx, |cx| fut.poll(cx))
+    }
+}
+
+/// What [`Race`] races a future against, for a future that polls its work
+/// itself: the run's cancellation and its deadline.
+pub(crate) struct Guard<'a> {
+    ctx: &'a RunContext,
+    cancelled: CancelWatch<'a>,
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl<'a> Guard<'a> {
+    /// The guard of the run of `ctx`: its deadline's timer starts now.
+    pub(crate) fn new(ctx: &'a RunContext) -> Self {
+        Self {
+            ctx,
+            cancelled: CancelWatch::new(ctx),
+            deadline: ctx
+                .deadline()
+                .map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
+        }
+    }
+
+    /// `work`, unless the run is cancelled or reached its deadline: then
+    /// [`AgentError::Cancelled`] or [`AgentError::Timeout`].
+    pub(crate) fn poll<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        work: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<Result<T, AgentError>> {
         // A cancellation already signalled wins; otherwise the signal's
-        // waiter is registered only when the inner future has to wait, so a
-        // call that answers at once never touches it.
-        if this.ctx.is_cancelled() {
+        // waiter is registered only when the work has to wait, so a call
+        // that answers at once never touches it.
+        if self.ctx.is_cancelled() {
             return Poll::Ready(Err(AgentError::Cancelled));
         }
-        if let Some(deadline) = this.deadline {
+        if let Some(deadline) = &mut self.deadline {
             if deadline.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Err(AgentError::Timeout {
                     timer: TimeoutSource::RunDeadline,
-                    after: Some(this.ctx.elapsed()),
+                    after: Some(self.ctx.elapsed()),
                 }));
             }
         }
-        if let Poll::Ready(out) = this.fut.poll(cx) {
+        if let Poll::Ready(out) = work(cx) {
             return Poll::Ready(Ok(out));
         }
-        if this.cancelled.poll(cx).is_ready() {
+        if self.cancelled.poll(cx).is_ready() {
             return Poll::Ready(Err(AgentError::Cancelled));
         }
         Poll::Pending
+    }
+}
+
+/// Waits for a run's cancellation, in what the run has: with a token, on
+/// it (its waiter on the heap, so that the race stays small); without one,
+/// as the context's one waiter, woken by [`RunContext::cancel`] or by the
+/// token's making, whichever comes first. A second watch waiting beside
+/// the first makes the token, and both wait on it.
+pub(crate) struct CancelWatch<'a> {
+    ctx: &'a RunContext,
+    /// Registered as the context's waiter.
+    registered: bool,
+    /// Waiting on the token.
+    waiting: Option<Pin<Box<WaitForCancellationFuture<'a>>>>,
+}
+
+impl<'a> CancelWatch<'a> {
+    pub(crate) fn new(ctx: &'a RunContext) -> Self {
+        Self {
+            ctx,
+            registered: false,
+            waiting: None,
+        }
+    }
+
+    /// Ready once the run is cancelled; otherwise the task is woken then.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(waiting) = &mut self.waiting {
+            return waiting.as_mut().poll(cx);
+        }
+        let inner = &self.ctx.inner;
+        let mut shared = self.ctx.shared();
+        // Read under the lock the token's maker takes the waiter with.
+        if inner.cancel.get().is_none() {
+            match &mut shared.waiter {
+                Some(waiter) if self.registered => {
+                    if !waiter.will_wake(cx.waker()) {
+                        waiter.clone_from(cx.waker());
+                    }
+                    return Poll::Pending;
+                }
+                None => {
+                    shared.waiter = Some(cx.waker().clone());
+                    self.registered = true;
+                    return Poll::Pending;
+                }
+                // Another watch waits: the token, for both.
+                Some(_) => {}
+            }
+        }
+        drop(shared);
+        self.registered = false;
+        let waiting = self.waiting.insert(Box::pin(self.ctx.token().cancelled()));
+        waiting.as_mut().poll(cx)
+    }
+}
+
+impl Drop for CancelWatch<'_> {
+    fn drop(&mut self) {
+        if self.registered {
+            let mut shared = self.ctx.shared();
+            // Once the token is made, the waiter's room is no watch's.
+            if self.ctx.inner.cancel.get().is_none() {
+                shared.waiter = None;
+            }
+        }
     }
 }
 
@@ -842,6 +988,55 @@ mod tests {
         assert!(digits
             .bytes()
             .all(|d| d.is_ascii_hexdigit() && !d.is_ascii_uppercase()));
+    }
+
+    /// A root run without a token makes none to wait, and still stops
+    /// when cancelled: through `cancel`, through a token asked for while it
+    /// waits, and with two waits side by side.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_race_without_a_token_is_cancelled() {
+        let pending = || std::future::pending::<()>();
+
+        let ctx = RunContext::new();
+        let waiting = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { ctx.race(pending()).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(ctx.inner.cancel.get().is_none(), "no token made to wait");
+        ctx.cancel();
+        assert!(matches!(waiting.await.unwrap(), Err(AgentError::Cancelled)));
+
+        let ctx = RunContext::new();
+        let waiting = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { ctx.race(pending()).await }
+        });
+        tokio::task::yield_now().await;
+        let token = ctx.cancellation_token().clone();
+        tokio::task::yield_now().await;
+        token.cancel();
+        assert!(matches!(waiting.await.unwrap(), Err(AgentError::Cancelled)));
+
+        let ctx = RunContext::new();
+        let both = tokio::spawn({
+            let ctx = ctx.clone();
+            async move {
+                let (a, b) = tokio::join!(ctx.race(pending()), ctx.race(pending()));
+                (a, b)
+            }
+        });
+        tokio::task::yield_now().await;
+        ctx.cancel();
+        let (a, b) = both.await.unwrap();
+        assert!(matches!(a, Err(AgentError::Cancelled)));
+        assert!(matches!(b, Err(AgentError::Cancelled)));
+
+        // A race that ends unregisters: the context keeps no waker.
+        let ctx = RunContext::new();
+        let done = ctx.race(std::future::ready(7)).await;
+        assert_eq!(done.unwrap(), 7);
+        assert!(ctx.shared().waiter.is_none());
     }
 
     #[test]

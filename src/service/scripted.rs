@@ -9,7 +9,7 @@ use tower::Service;
 
 use crate::error::{BoxError, ErrorKind, ProviderError};
 use crate::request::ModelCall;
-use crate::types::{Message, ModelDelta, ModelRequest, ModelResponse, ToolCall, Usage};
+use crate::types::{Message, ModelDelta, ModelName, ModelRequest, ModelResponse, ToolCall, Usage};
 
 /// One answer of a [`ScriptedModel`]: a message (text, tool calls or both),
 /// or an error, with usage and streaming options.
@@ -98,7 +98,7 @@ enum Script {
 }
 
 struct Inner {
-    name: String,
+    name: ModelName,
     script: Script,
     latency: Option<Duration>,
     record: bool,
@@ -150,7 +150,7 @@ impl ScriptedModel {
     fn with_script(script: Script) -> Self {
         Self {
             inner: Arc::new(Inner {
-                name: "scripted".into(),
+                name: ModelName::from("scripted"),
                 script,
                 latency: None,
                 record: true,
@@ -170,7 +170,7 @@ impl ScriptedModel {
     ///
     /// If called after the model was cloned.
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.inner_mut().name = name.into();
+        self.inner_mut().name = ModelName::from(name.into());
         self
     }
 
@@ -324,10 +324,11 @@ impl ScriptedModel {
                 estimate(message.text_len() as u64),
             )
         });
+        // Shared names: no copy of the text.
         let model = if request.model.is_empty() {
             self.inner.name.clone()
         } else {
-            request.model.to_string()
+            request.model.clone()
         };
         call.context.record_usage(&model, usage);
         let mut response = ModelResponse::new(model, message).usage(usage);
@@ -356,11 +357,18 @@ impl Service<ModelCall> for ScriptedModel {
         let Some(latency) = self.inner.latency.filter(|d| !d.is_zero()) else {
             return Box::pin(async move {
                 this.note(&call);
-                let later = match this.reply(call, None) {
-                    Reply::Now(result) => return result,
-                    Reply::Later(later) => later,
+                let Some(turn) = this.next_turn(&call.request) else {
+                    return Err(no_more_turns());
                 };
-                later.await
+                if turn.delay.is_some_and(|d| !d.is_zero()) {
+                    return match this.reply(call, Some(turn)) {
+                        Reply::Now(result) => result,
+                        Reply::Later(later) => later.await,
+                    };
+                }
+                // Answered where the future returns it: the response is
+                // built once, in place.
+                this.answer(&call, turn)
             });
         };
         match &self.inner.script {

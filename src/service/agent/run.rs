@@ -5,7 +5,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, Either};
+use pin_project_lite::pin_project;
 use tower::Service;
 
 use super::handoff::find_agent;
@@ -14,9 +15,9 @@ use super::observe::{InSpan, ModelCallObserver, RunObserver};
 use super::state::{classify, Run};
 use super::tools::{Step, StepCalls};
 use super::Config;
-use crate::context::RunContext;
-use crate::error::{AgentError, BoxError};
-use crate::hooks::{installed, RunOutcome, RunStart, StickyApprovals};
+use crate::context::{Guard, RunContext};
+use crate::error::AgentError;
+use crate::hooks::{installed, HookPort, RunOutcome, RunStart, StickyApprovals};
 use crate::request::{BoxModel, DeltaSink, ModelCall, ModelCallParts, RunInput, RunRequest};
 use crate::types::{
     AgentRun, Checkpoint, History, Message, ModelDelta, ModelRequest, ModelResponse, Role,
@@ -49,21 +50,73 @@ async fn observed(
     // The hooks that open the run close it, even if a handoff changed
     // those installed since.
     let opened = installed(&ctx);
-    let result = InSpan::new(observer.span(), proceed(start)).await;
-    observer.close(&result);
-    // A lifecycle layer that brackets the run closes it itself, with the
-    // result its caller gets; otherwise (a nested run that inherited its
-    // parent's hooks) the loop does. Errors of these hooks cannot change the
-    // result: the stack logs them.
-    if !ctx.is_bracketed() {
-        if let Some(hooks) = opened {
-            if let Err(err) = &result {
-                let _ = hooks.on_error(&ctx, err).await;
+    // Awaited last: the run's result is handed on, never kept beside the
+    // turns' future.
+    Observed {
+        ctx: &ctx,
+        observer: Some(observer),
+        opened,
+        fut: proceed(start),
+        closing: None,
+    }
+    .await
+}
+
+pin_project! {
+    /// The run, polled inside its observer's span; once it ends, the
+    /// observer closes and, when no lifecycle layer brackets the run, the
+    /// hooks that opened it close it.
+    struct Observed<'a, F> {
+        ctx: &'a RunContext,
+        observer: Option<RunObserver<'a>>,
+        opened: Option<Arc<dyn HookPort>>,
+        #[pin]
+        fut: F,
+        closing: Option<BoxFuture<'a, Result<AgentRun, AgentError>>>,
+    }
+}
+
+impl<'a, F> Future for Observed<'a, F>
+where
+    F: Future<Output = Result<AgentRun, AgentError>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        if let Some(closing) = this.closing {
+            return closing.as_mut().poll(cx);
+        }
+        let observer = this
+            .observer
+            .as_ref()
+            .expect("Observed polled after it completed");
+        let result = {
+            let _entered = observer.span().enter();
+            ready!(this.fut.poll(cx))
+        };
+        if let Some(observer) = this.observer.take() {
+            observer.close(&result);
+        }
+        // A lifecycle layer that brackets the run closes it itself, with the
+        // result its caller gets; otherwise (a nested run that inherited its
+        // parent's hooks) the loop does. Errors of these hooks cannot change
+        // the result: the stack logs them.
+        let ctx: &'a RunContext = this.ctx;
+        match this.opened.take() {
+            Some(hooks) if !ctx.is_bracketed() => {
+                let closing = this.closing.insert(Box::pin(async move {
+                    if let Err(err) = &result {
+                        let _ = hooks.on_error(ctx, err).await;
+                    }
+                    let _ = hooks.after_agent(ctx, RunOutcome::of(&result)).await;
+                    result
+                }));
+                closing.as_mut().poll(cx)
             }
-            let _ = hooks.after_agent(&ctx, RunOutcome::of(&result)).await;
+            _ => Poll::Ready(result),
         }
     }
-    result
 }
 
 /// The run's start, then its turns.
@@ -71,7 +124,7 @@ async fn proceed(
     start: BoxFuture<'static, Result<Started, AgentError>>,
 ) -> Result<AgentRun, AgentError> {
     let mut run = match start.await? {
-        Started::Running(run) => run,
+        Started::Running(run) => *run,
         Started::Ended(run) => return Ok(*run),
     };
     run.turns().await
@@ -79,9 +132,10 @@ async fn proceed(
 
 /// How a run's start ended.
 enum Started {
-    /// The run goes on to its turns. Boxed: the run's future stays under
-    /// the size past which the allocator tidies its free lists on every
-    /// run (1,000 bytes; 1,064 with the state inline).
+    /// The run goes on to its turns, its state moved into the run's
+    /// future. Boxed meanwhile: the start's future stays under the size
+    /// past which the allocator tidies its free lists on every run (about
+    /// 1,000 bytes).
     Running(Box<Run>),
     /// A resumed run paused again in the step it resumed.
     Ended(Box<AgentRun>),
@@ -159,9 +213,9 @@ impl Run {
                 .first()
                 .is_some_and(|m| m.role == Role::System && m.text() == instructions.as_str());
             if messages.is_empty() {
-                // Room for the prompt, the input and the answer: the
-                // conversation of a one-turn run is never grown.
-                let mut first = Vec::with_capacity(3);
+                // Room for the prompt and the input: a run waiting on its
+                // first answer holds no room for it.
+                let mut first = Vec::with_capacity(2);
                 first.push(Message::system(instructions.as_str()));
                 *messages = History::from(first);
             } else if !starts_with_prompt {
@@ -294,15 +348,9 @@ impl Run {
                 }
             }
 
-            let mut message = self.model_turn(turn).await?.message;
-            message.role = Role::Assistant;
-            for (i, call) in message.tool_calls.iter_mut().enumerate() {
-                if call.id.is_empty() {
-                    call.id = format!("call_{turn}_{}", i + 1);
-                }
-            }
-            let has_calls = !message.tool_calls.is_empty();
-            self.messages.push(message);
+            let answered = self.model_turn(turn).await;
+            self.counters.model_calls += 1;
+            let has_calls = answered.map_err(|err| *err)?;
 
             if !has_calls {
                 let last = self.messages.last().expect("just pushed");
@@ -371,48 +419,66 @@ impl Run {
         }
     }
 
-    /// One model call, through the hooks and the model stack.
+    /// One model turn: the call, and its answer appended to the
+    /// conversation.
     ///
     /// Without hooks the call goes to the run's own clone of the model
-    /// stack (made once per run), driven to readiness before the request is
-    /// built, so that a run waiting on its model holds nothing but the
-    /// model's future.
-    async fn model_turn(&mut self, turn: u32) -> Result<ModelResponse, AgentError> {
+    /// stack (made once per run), in a [`BareTurn`]; with hooks, through
+    /// them, in a future of its own on the heap.
+    fn model_turn(&mut self, turn: u32) -> Either<BareTurn<'_>, BoxFuture<'_, Answered>> {
+        if self.hooks.is_some() {
+            return Either::Right(Box::pin(self.hooked_turn(turn)));
+        }
+        let config = &*self.config;
+        let ctx = &self.ctx;
+        let observer = ModelCallObserver::open(ctx, &config.name, &config.model_name, turn);
+        Either::Left(BareTurn {
+            guard: Guard::new(ctx),
+            model: self.model.get_or_insert_with(|| config.model.clone()),
+            config,
+            ctx,
+            messages: &mut self.messages,
+            stream: &self.stream,
+            extensions: &self.extensions,
+            observer: Some(observer),
+            called: None,
+            turn,
+        })
+    }
+
+    /// A model turn through the hooks.
+    async fn hooked_turn(&mut self, turn: u32) -> Answered {
+        let response = self.hooked_call(turn).await?;
+        Ok(append_answer(&mut self.messages, turn, response.message))
+    }
+
+    /// One model call through the hooks and the model stack.
+    async fn hooked_call(&mut self, turn: u32) -> Result<ModelResponse, Box<AgentError>> {
         let config = &self.config;
         let ctx = &self.ctx;
-        let hold = self.stream.is_some() && self.hooks.as_ref().is_some_and(|h| h.holds_stream());
+        let Some(hooks) = &self.hooks else {
+            unreachable!("a hooked call is made only with hooks");
+        };
+        let hold = self.stream.is_some() && hooks.holds_stream();
         let observer = ModelCallObserver::open(ctx, &config.name, &config.model_name, turn);
         let span = observer.span();
-        let answer = match &self.hooks {
-            Some(hooks) => {
-                let call = model_call(
-                    config,
-                    ctx,
-                    &self.messages,
-                    &self.stream,
-                    hold,
-                    &self.extensions,
-                );
-                // Boxed by the hooks: a run without hooks need not make
-                // room for what they hold.
-                let fut = hooks.wrap_model(call, config.model.clone());
-                ctx.race(InSpan::new(span, fut)).await
-            }
-            None => {
-                let model = self.model.get_or_insert_with(|| config.model.clone());
-                let (messages, stream, extensions) =
-                    (&self.messages, &self.stream, &self.extensions);
-                let build = move || model_call(config, ctx, messages, stream, hold, extensions);
-                ctx.race(InSpan::new(span, Dispatch::new(model, build)))
-                    .await
-            }
-        };
-        self.counters.model_calls += 1;
+        let call = model_call(
+            config,
+            ctx,
+            &self.messages,
+            &self.stream,
+            hold,
+            &self.extensions,
+        );
+        // Boxed by the hooks: a run without hooks need not make room for
+        // what they hold.
+        let fut = hooks.wrap_model(call, config.model.clone());
+        let answer = ctx.race(InSpan::new(span, fut)).await;
         let mut response = match answer.and_then(|r| r.map_err(classify)) {
             Ok(response) => response,
             Err(err) => {
                 observer.failed(&err);
-                return Err(err);
+                return Err(Box::new(err));
             }
         };
         if !response.usage_recorded {
@@ -420,15 +486,13 @@ impl Run {
             response.usage_recorded = true;
         }
         observer.record(&response);
-        if let Some(hooks) = &self.hooks {
-            if let Err(err) = hooks
-                .after_model(ctx, &mut response)
-                .await
-                .map_err(classify)
-            {
-                observer.failed(&err);
-                return Err(err);
-            }
+        if let Err(err) = hooks
+            .after_model(ctx, &mut response)
+            .await
+            .map_err(classify)
+        {
+            observer.failed(&err);
+            return Err(Box::new(err));
         }
         observer.completed(&response);
         if hold {
@@ -443,42 +507,96 @@ impl Run {
     }
 }
 
-/// A call to the run's model stack: waits for it to be ready, then builds
-/// the request and calls it. The request is built only once the stack is
-/// ready, so the wait for the answer holds the stack's future alone.
-struct Dispatch<'a, B> {
-    model: &'a mut BoxModel,
-    build: Option<B>,
-    called: Option<<BoxModel as Service<ModelCall>>::Future>,
-}
+/// How a model turn ended: whether the answer, now in the conversation,
+/// calls tools; or why it failed (boxed, so that a run waiting on its model
+/// makes no room for an error).
+type Answered = Result<bool, Box<AgentError>>;
 
-impl<'a, B> Dispatch<'a, B> {
-    fn new(model: &'a mut BoxModel, build: B) -> Self {
-        Self {
-            model,
-            build: Some(build),
-            called: None,
+/// Appends the model's answer to the conversation as the assistant's, with
+/// the calls the model left without an id numbered; whether it calls tools.
+fn append_answer(messages: &mut History, turn: u32, mut message: Message) -> bool {
+    message.role = Role::Assistant;
+    for (i, call) in message.tool_calls.iter_mut().enumerate() {
+        if call.id.is_empty() {
+            call.id = format!("call_{turn}_{}", i + 1);
         }
     }
+    let has_calls = !message.tool_calls.is_empty();
+    messages.push(message);
+    has_calls
 }
 
-impl<B: FnOnce() -> ModelCall + Unpin> Future for Dispatch<'_, B> {
-    type Output = Result<ModelResponse, BoxError>;
+/// A model turn without hooks: waits for the run's model stack to be
+/// ready, builds the request only then, races the answer against the run's
+/// cancellation and deadline, and appends it to the conversation, all in
+/// its own `poll`. So a run waiting on its model holds the stack's future,
+/// the observer and a few references; neither the request nor what the
+/// answer becomes.
+pub(super) struct BareTurn<'a> {
+    guard: Guard<'a>,
+    model: &'a mut BoxModel,
+    config: &'a Config,
+    ctx: &'a RunContext,
+    messages: &'a mut History,
+    stream: &'a Option<DeltaSink>,
+    extensions: &'a http::Extensions,
+    /// Taken when the turn ends.
+    observer: Option<ModelCallObserver<'a>>,
+    called: Option<<BoxModel as Service<ModelCall>>::Future>,
+    turn: u32,
+}
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+impl Future for BareTurn<'_> {
+    type Output = Answered;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answered> {
         let this = &mut *self;
-        if this.called.is_none() {
-            if let Err(err) = ready!(this.model.poll_ready(cx)) {
-                return Poll::Ready(Err(err));
+        let observer = this
+            .observer
+            .as_ref()
+            .expect("BareTurn polled after it completed");
+        let (model, called) = (&mut *this.model, &mut this.called);
+        let (config, ctx, messages) = (this.config, this.ctx, &*this.messages);
+        let (stream, extensions) = (this.stream, this.extensions);
+        let answer = ready!(this.guard.poll(cx, |cx| {
+            let _entered = observer.span().enter();
+            if called.is_none() {
+                if let Err(err) = ready!(model.poll_ready(cx)) {
+                    return Poll::Ready(Err(err));
+                }
+                let call = model_call(config, ctx, messages, stream, false, extensions);
+                *called = Some(model.call(call));
             }
-            let build = this
-                .build
-                .take()
-                .expect("Dispatch polled after it completed");
-            this.called = Some(this.model.call(build()));
+            let called = called.as_mut().expect("called just above");
+            called.as_mut().poll(cx)
+        }));
+        // The call's future holds the conversation: gone, the answer is
+        // appended in place.
+        this.called = None;
+        let observer = this.observer.take().expect("checked above");
+        let mut response = match answer {
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => {
+                let err = classify(err);
+                observer.failed(&err);
+                return Poll::Ready(Err(Box::new(err)));
+            }
+            Err(err) => {
+                observer.failed(&err);
+                return Poll::Ready(Err(Box::new(err)));
+            }
+        };
+        if !response.usage_recorded {
+            ctx.record_usage(&response.model, response.usage);
+            response.usage_recorded = true;
         }
-        let called = this.called.as_mut().expect("called just above");
-        called.as_mut().poll(cx)
+        observer.record(&response);
+        observer.completed(&response);
+        Poll::Ready(Ok(append_answer(
+            this.messages,
+            this.turn,
+            response.message,
+        )))
     }
 }
 
@@ -515,11 +633,12 @@ mod tests {
     use super::*;
     use crate::{Agent, ScriptedModel, ScriptedTurn};
 
-    /// Every suspended run holds its future: 2,936 bytes before the run's
-    /// start moved to a future of its own and the model call stopped
-    /// holding its request, its hooks' answer and a deadline timer inline;
-    /// 1,120 before the run's state and a decided handoff went to the heap.
-    /// Under 1,000 bytes, the allocator serves it from its small bins.
+    /// Every suspended run holds its future, its state inside: 2,936 bytes
+    /// before the run's start moved to a future of its own and the model
+    /// call stopped holding its request, its hooks' answer and a deadline
+    /// timer inline; 1,072 (with the state in a box of its own) before the
+    /// run's result, a model turn's answer and its error stopped being kept
+    /// beside the futures that make them.
     #[test]
     fn a_run_future_stays_small() {
         let agent = Agent::builder("small")
@@ -529,6 +648,6 @@ mod tests {
             .unwrap();
         let run = run(agent.config.clone(), RunRequest::new("hi"));
         let bytes = std::mem::size_of_val(&run);
-        assert!(bytes <= 1000, "the run future takes {bytes} bytes");
+        assert!(bytes <= 600, "the run future takes {bytes} bytes");
     }
 }
