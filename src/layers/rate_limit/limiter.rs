@@ -246,10 +246,7 @@ impl KeyShared {
         tokens: Need<'_>,
         max_wait: Duration,
     ) -> Result<Entered, Duration> {
-        let now = self.epoch.now();
-        let mut state = self.state();
-        state.catch_up(&self.posts, now);
-        let tokens = state.tokens(tokens);
+        let (state, tokens) = self.caught_up(tokens);
         self.enter_locked(state, requests, tokens, max_wait)
     }
 
@@ -262,15 +259,23 @@ impl KeyShared {
         tokens: Need<'_>,
         max_wait: Duration,
     ) -> Result<Entered, Duration> {
-        let now = self.epoch.now();
-        let mut state = self.state();
-        state.catch_up(&self.posts, now);
-        let tokens = state.tokens(tokens);
+        let (mut state, tokens) = self.caught_up(tokens);
         if let Some((grant, slot)) = state.admit_now(tokens) {
             drop(state);
             return Ok(Entered::Admitted((None, grant, slot)));
         }
         self.enter_locked(state, 1, tokens, max_wait)
+    }
+
+    /// The key's state under its lock, brought up to now (the posted
+    /// settlements applied), and the call's `tokens` measured.
+    #[inline]
+    fn caught_up(&self, tokens: Need<'_>) -> (MutexGuard<'_, KeyState>, u64) {
+        let now = self.epoch.now();
+        let mut state = self.state();
+        state.catch_up(&self.posts, now);
+        let tokens = state.tokens(tokens);
+        (state, tokens)
     }
 
     fn enter_locked(
