@@ -29,7 +29,7 @@ impl Role {
 }
 
 /// One message of a conversation, in the OpenAI chat-completions shape.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     /// Who wrote it.
     pub role: Role,
@@ -51,6 +51,34 @@ pub struct Message {
     /// process only: never sent to a provider, nor serialized.
     #[serde(skip)]
     pub untrusted: bool,
+}
+
+/// Field by field, as derived, but an empty tool-call list (most messages
+/// have none) is made without going through `Vec::clone`.
+impl Clone for Message {
+    #[inline]
+    fn clone(&self) -> Self {
+        let Message {
+            role,
+            content,
+            tool_calls,
+            tool_call_id,
+            name,
+            untrusted,
+        } = self;
+        Self {
+            role: *role,
+            content: content.clone(),
+            tool_calls: if tool_calls.is_empty() {
+                Vec::new()
+            } else {
+                tool_calls.clone()
+            },
+            tool_call_id: tool_call_id.clone(),
+            name: name.clone(),
+            untrusted: *untrusted,
+        }
+    }
 }
 
 impl Message {
