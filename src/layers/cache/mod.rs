@@ -442,25 +442,29 @@ pub mod future {
                         shared,
                         ctx,
                     } => {
-                        let response = ready!(fut.poll(cx))?;
-                        let Some(stored) = shared.store.put_now(*key, &response, shared.ttl) else {
-                            // The store waits: store from a boxed future.
-                            let (shared, key, copy) = (shared.clone(), *key, response.clone());
-                            let ctx = ctx.clone();
-                            let store = Box::pin(async move {
-                                super::report_put(
-                                    &ctx,
-                                    shared.store.put(key, copy, shared.ttl).await,
-                                );
-                            });
-                            kind.set(Kind::Storing {
-                                store,
-                                response: Some(response),
-                            });
-                            continue;
+                        // The inner poll is returned as it came: the response
+                        // is stored from a borrow, and never moved here.
+                        let poll = fut.poll(cx);
+                        let Poll::Ready(Ok(response)) = &poll else {
+                            return poll;
                         };
-                        super::report_put(ctx, stored);
-                        return Poll::Ready(Ok(response));
+                        if let Some(stored) = shared.store.put_now(*key, response, shared.ttl) {
+                            super::report_put(ctx, stored);
+                            return poll;
+                        }
+                        // The store waits: store from a boxed future.
+                        let (shared, key, ctx) = (shared.clone(), *key, ctx.clone());
+                        let Poll::Ready(Ok(response)) = poll else {
+                            return poll;
+                        };
+                        let copy = response.clone();
+                        let store = Box::pin(async move {
+                            super::report_put(&ctx, shared.store.put(key, copy, shared.ttl).await);
+                        });
+                        kind.set(Kind::Storing {
+                            store,
+                            response: Some(response),
+                        });
                     }
                     KindProj::Storing { store, response } => {
                         ready!(store.as_mut().poll(cx));

@@ -237,16 +237,23 @@ impl MemoryStore {
     }
 
     fn store(&self, key: CacheKey, response: ModelResponse, ttl: Duration) {
-        if ttl.is_zero() {
-            return;
+        if let Some(expires_at) = expiry(ttl) {
+            self.entries.insert(
+                key,
+                Arc::new(Entry {
+                    response,
+                    expires_at,
+                }),
+            );
         }
-        let expires_at = Instant::now() + ttl.min(MAX_TTL);
-        let entry = Arc::new(Entry {
-            response,
-            expires_at,
-        });
-        self.entries.insert(key, entry);
     }
+}
+
+/// When an entry stored now for `ttl` expires; `None` for a zero `ttl`, which
+/// stores nothing.
+#[inline]
+fn expiry(ttl: Duration) -> Option<Instant> {
+    (!ttl.is_zero()).then(|| Instant::now() + ttl.min(MAX_TTL))
 }
 
 impl CacheStore for MemoryStore {
@@ -276,7 +283,16 @@ impl CacheStore for MemoryStore {
         response: &ModelResponse,
         ttl: Duration,
     ) -> Option<Result<(), BoxError>> {
-        self.store(key, response.clone(), ttl);
+        // The copy is made straight into the entry's allocation.
+        if let Some(expires_at) = expiry(ttl) {
+            self.entries.insert(
+                key,
+                Arc::new(Entry {
+                    response: response.clone(),
+                    expires_at,
+                }),
+            );
+        }
         Some(Ok(()))
     }
 }
