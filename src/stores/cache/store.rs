@@ -283,7 +283,7 @@ impl CacheStore for MemoryStore {
         response: &ModelResponse,
         ttl: Duration,
     ) -> Option<Result<(), BoxError>> {
-        // The copy is made straight into the entry's allocation.
+        // Cloned into the entry as it is built: no moved intermediate copy.
         if let Some(expires_at) = expiry(ttl) {
             self.entries.insert(
                 key,
