@@ -21,6 +21,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::Waker;
 use std::time::Duration;
@@ -31,6 +32,7 @@ use super::bucket::{Bucket, Epoch, Grant};
 use super::limits::{Config, EstimateFn, KeyFn, Limits};
 pub(super) use super::need::Need;
 use super::need::TextMemo;
+use super::pool::{Drawn, Pool, Word, TOKENS_MAX};
 use super::posts::{self, InFlight, Posts};
 use super::remote::Remote;
 use crate::request::ModelCall;
@@ -59,26 +61,22 @@ struct KeyState {
     /// The token grants of calls whose settlement is posted without the
     /// lock.
     inflight: InFlight,
-    /// The text size of the last history estimated, by lineage and length
-    /// (which fix its messages): a run's calls of one key mostly ask again
-    /// for the same history, or for it grown.
-    memo: TextMemo,
+    /// What is published for the lock-free path, and the closed pools with
+    /// calls out.
+    pool: Pool,
 }
 
 impl KeyState {
-    /// The tokens `need` comes to.
-    #[inline]
-    fn tokens(&mut self, need: Need<'_>) -> u64 {
-        self.memo.tokens(need)
-    }
-
-    /// Applies the settlements posted since the lock was last taken, then
-    /// refills to `now`.
-    fn catch_up(&mut self, posts: &Posts, now: u64) {
+    /// Applies the settlements posted since the lock was last taken,
+    /// refills to `now`, then takes the lock-free pool back and charges
+    /// what it drew.
+    fn catch_up(&mut self, posts: &Posts, word: &Word, now: u64) {
         if self.inflight.any() && self.inflight.apply(posts, self.tokens.as_mut()) {
             self.wake_head();
         }
         self.refill(now);
+        self.pool
+            .absorb(word, self.requests.as_mut(), self.tokens.as_mut());
     }
 
     fn refill(&mut self, now: u64) {
@@ -169,12 +167,11 @@ impl KeyState {
 
     /// Whether the key is what a fresh one would be: full buckets, nobody
     /// queued.
-    fn is_idle(&mut self, posts: &Posts, now: u64) -> bool {
+    fn is_idle(&self) -> bool {
         if !self.queue.is_empty() || self.holders > 0 {
             return false;
         }
-        self.catch_up(posts, now);
-        if self.inflight.any() {
+        if self.inflight.any() || self.pool.any_out() {
             return false;
         }
         self.requests.as_ref().is_none_or(Bucket::is_full)
@@ -192,11 +189,52 @@ impl KeyState {
 /// key that waits or holds a part of the quota.
 pub(super) struct KeyShared {
     key: Arc<str>,
+    /// The lock-free pool (see [`pool`](super::pool)).
+    word: Word,
+    /// The token limit's amount: what a need is cut to. `None` without a
+    /// token limit.
+    token_amount: Option<u64>,
+    /// The text size of the last history estimated, by lineage and length
+    /// (which fix its messages): a run's calls of one key mostly ask again
+    /// for the same history, or for it grown.
+    memo: TextMemo,
     /// What the buckets' times count from: the key's creation.
     epoch: Epoch,
     state: Mutex<KeyState>,
     /// Settlements posted without `state`'s lock.
     posts: Posts,
+}
+
+/// A key's state under its lock, brought up to now. Dropped, it publishes
+/// a new lock-free pool if nobody is queued.
+struct Locked<'a> {
+    word: &'a Word,
+    state: MutexGuard<'a, KeyState>,
+}
+
+impl Deref for Locked<'_> {
+    type Target = KeyState;
+
+    fn deref(&self) -> &KeyState {
+        &self.state
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut KeyState {
+        &mut self.state
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let state = &mut *self.state;
+        if state.queue.is_empty() {
+            state
+                .pool
+                .publish(self.word, state.requests.as_ref(), state.tokens.as_ref());
+        }
+    }
 }
 
 impl KeyShared {
@@ -205,6 +243,9 @@ impl KeyShared {
         let now = 0;
         Self {
             key,
+            word: Word::default(),
+            token_amount: limits.token_rate().map(|r| r.amount()),
+            memo: TextMemo::new(),
             epoch,
             state: Mutex::new(KeyState {
                 requests: limits.request_rate().map(|r| Bucket::new(r, now)),
@@ -213,7 +254,7 @@ impl KeyShared {
                 holders: 0,
                 next_id: 0,
                 inflight: InFlight::default(),
-                memo: TextMemo::EMPTY,
+                pool: Pool::default(),
             }),
             posts: Posts::new(),
         }
@@ -226,11 +267,58 @@ impl KeyShared {
 
     /// Whether the key is what a fresh one would be at `now`.
     fn is_idle(&self, now: Instant) -> bool {
-        self.state().is_idle(&self.posts, self.epoch.nanos(now))
+        self.lock(self.epoch.nanos(now)).is_idle()
     }
 
-    fn state(&self) -> MutexGuard<'_, KeyState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The key's state under its lock, brought up to `now`: the posted
+    /// settlements applied, the lock-free pool taken back.
+    fn lock(&self, now: u64) -> Locked<'_> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.catch_up(&self.posts, &self.word, now);
+        Locked {
+            word: &self.word,
+            state,
+        }
+    }
+
+    /// The tokens `need` comes to, cut to the whole token limit.
+    #[inline]
+    pub(super) fn tokens(&self, need: Need<'_>) -> u64 {
+        match self.token_amount {
+            Some(amount) => self.memo.tokens(need).min(amount),
+            None => 0,
+        }
+    }
+
+    /// Admits a call needing `tokens` (as [`tokens`](Self::tokens) says)
+    /// from the lock-free pool, if it holds one request and them: no lock,
+    /// no clock. `None`: take the lock ([`enter_call`](Self::enter_call)).
+    #[inline]
+    pub(super) fn draw(&self, tokens: u64) -> Option<Drawn> {
+        if tokens > TOKENS_MAX {
+            return None;
+        }
+        self.word.draw(tokens)
+    }
+
+    /// Settles a call drawn from the lock-free pool: `actual` tokens used
+    /// (`None`: it keeps what it drew). Without the lock while its pool is
+    /// open.
+    #[inline]
+    pub(super) fn settle_drawn(&self, drawn: Drawn, actual: Option<u64>) {
+        let actual = actual.filter(|_| self.token_amount.is_some());
+        if self.word.settle(drawn, actual) {
+            return;
+        }
+        let now = self.epoch.now();
+        let mut state = self.lock(now);
+        let state = &mut *state;
+        if state
+            .pool
+            .settle_late(drawn, actual, state.tokens.as_mut(), now)
+        {
+            state.wake_head();
+        }
     }
 
     /// Arrives at the key's queue needing `requests` (0 for a caller that
@@ -243,23 +331,19 @@ impl KeyShared {
     pub(super) fn enter(
         &self,
         requests: u64,
-        tokens: Need<'_>,
+        tokens: u64,
         max_wait: Duration,
     ) -> Result<Entered, Duration> {
-        let (state, tokens) = self.caught_up(tokens);
+        let state = self.lock(self.epoch.now());
         self.enter_locked(state, requests, tokens, max_wait)
     }
 
     /// [`enter`](Self::enter) for a call that holds nothing: one request
-    /// and `tokens`. Admitted at once, it keeps no request grant (the call
-    /// goes out at once, which spends the request).
-    #[inline]
-    pub(super) fn enter_call(
-        &self,
-        tokens: Need<'_>,
-        max_wait: Duration,
-    ) -> Result<Entered, Duration> {
-        let (mut state, tokens) = self.caught_up(tokens);
+    /// and `tokens` (as [`tokens`](Self::tokens) says). Admitted at once,
+    /// it keeps no request grant (the call goes out at once, which spends
+    /// the request).
+    pub(super) fn enter_call(&self, tokens: u64, max_wait: Duration) -> Result<Entered, Duration> {
+        let mut state = self.lock(self.epoch.now());
         if let Some((grant, slot)) = state.admit_now(tokens) {
             drop(state);
             return Ok(Entered::Admitted((None, grant, slot)));
@@ -267,20 +351,9 @@ impl KeyShared {
         self.enter_locked(state, 1, tokens, max_wait)
     }
 
-    /// The key's state under its lock, brought up to now (the posted
-    /// settlements applied), and the call's `tokens` measured.
-    #[inline]
-    fn caught_up(&self, tokens: Need<'_>) -> (MutexGuard<'_, KeyState>, u64) {
-        let now = self.epoch.now();
-        let mut state = self.state();
-        state.catch_up(&self.posts, now);
-        let tokens = state.tokens(tokens);
-        (state, tokens)
-    }
-
     fn enter_locked(
         &self,
-        mut state: MutexGuard<'_, KeyState>,
+        mut state: Locked<'_>,
         requests: u64,
         tokens: u64,
         max_wait: Duration,
@@ -324,8 +397,7 @@ impl KeyShared {
     /// keeps its waker, and says until when the head must wait.
     pub(super) fn poll_admit(&self, id: u64, waker: &Waker) -> Admit {
         let now = self.epoch.now();
-        let mut state = self.state();
-        state.catch_up(&self.posts, now);
+        let mut state = self.lock(now);
         let Some(index) = state.queue.iter().position(|q| q.id == id) else {
             return Admit::Gone;
         };
@@ -356,7 +428,7 @@ impl KeyShared {
     }
 
     pub(super) fn leave(&self, id: u64) {
-        let mut state = self.state();
+        let mut state = self.lock(self.epoch.now());
         if let Some(index) = state.queue.iter().position(|q| q.id == id) {
             if let Some(left) = state.queue.remove(index) {
                 if left.requests == 0 {
@@ -379,8 +451,7 @@ impl KeyShared {
         slot: Option<u8>,
     ) {
         let now = self.epoch.now();
-        let mut state = self.state();
-        state.catch_up(&self.posts, now);
+        let mut state = self.lock(now);
         if let Some(slot) = slot {
             state.inflight.free(slot);
         }
@@ -394,19 +465,14 @@ impl KeyShared {
     }
 
     /// Charges or refunds the difference between `actual` and what `grant`
-    /// reserved, under the lock: for a call that holds no slot. Only the
-    /// token bucket is brought up to date: catching the request bucket up
-    /// now or at its next use comes to the same level.
+    /// reserved, under the lock: for a call that holds no slot.
     pub(super) fn settle(&self, grant: &Grant, actual: u64) {
         if actual == grant.amount {
             return;
         }
         let now = self.epoch.now();
-        let mut guard = self.state();
+        let mut guard = self.lock(now);
         let state = &mut *guard;
-        if state.inflight.any() && state.inflight.apply(&self.posts, state.tokens.as_mut()) {
-            state.wake_head();
-        }
         let Some(bucket) = &mut state.tokens else {
             return;
         };
@@ -420,8 +486,7 @@ impl KeyShared {
     /// call is queued, to apply it and let the head go.
     pub(super) fn post(&self, slot: u8, actual: Option<u64>) {
         if self.posts.post(slot, actual) {
-            let now = self.epoch.now();
-            self.state().catch_up(&self.posts, now);
+            drop(self.lock(self.epoch.now()));
         }
     }
 }

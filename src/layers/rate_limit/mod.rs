@@ -144,6 +144,7 @@ mod layer;
 mod limiter;
 mod limits;
 mod need;
+mod pool;
 mod posts;
 mod remote;
 #[cfg(test)]
@@ -364,11 +365,18 @@ where
             unreachable!("checked by `call`")
         };
         let key = limiter.key_of(&call);
+        let tokens = key.tokens(limiter.need(&call));
+        if let Some(drawn) = key.draw(tokens) {
+            // Ample capacity: drawn from the lock-free pool. Call the
+            // service made ready right away.
+            let settlement = Settlement::drawn(key, drawn);
+            return future::ResponseFuture::called(self.inner.call(call), settlement);
+        }
         let max_wait = match call.context.remaining() {
             Some(left) => limiter.max_wait.min(left),
             None => limiter.max_wait,
         };
-        match key.enter_call(limiter.need(&call), max_wait) {
+        match key.enter_call(tokens, max_wait) {
             Ok(Entered::Admitted((_, tokens, slot))) => {
                 // Ample capacity: call the service made ready right away.
                 // The request slot is spent as the call goes out; only the

@@ -13,7 +13,8 @@ use std::time::Duration;
 use tokio::time::Sleep;
 
 use super::bucket::Grant;
-use super::limiter::{Admit, Entered, KeyShared, Need, Taken};
+use super::limiter::{Admit, Entered, KeyShared, Taken};
+use super::pool::Drawn;
 
 /// A call refused on arrival: it would wait longer than it may.
 pub(super) struct Refused {
@@ -44,7 +45,7 @@ impl KeyShared {
         tokens: u64,
         max_wait: Duration,
     ) -> Result<Arrival, Refused> {
-        match self.enter(requests, Need::Tokens(tokens), max_wait) {
+        match self.enter(requests, tokens, max_wait) {
             Ok(Entered::Admitted(taken)) => Ok(Arrival::Admitted(Ticket::new(self, taken))),
             Ok(Entered::Queued(id)) => Ok(Arrival::Queued(Waiter::new(self, id))),
             Err(retry_after) => Err(Refused {
@@ -204,6 +205,8 @@ enum Pending {
     Posted(u8),
     /// Settle this grant under the key's lock (no slot was free).
     Locked(Grant),
+    /// Settle what was drawn from the lock-free pool.
+    Drawn(Drawn),
 }
 
 impl Settlement {
@@ -219,12 +222,22 @@ impl Settlement {
         Self { shared, pending }
     }
 
+    /// What a call admitted from the lock-free pool settles once sent.
+    #[inline]
+    pub(super) fn drawn(shared: Arc<KeyShared>, drawn: Drawn) -> Self {
+        Self {
+            shared,
+            pending: Pending::Drawn(drawn),
+        }
+    }
+
     /// Charges the difference between the real token count and the
     /// reservation, or refunds it. Once: the tokens are then settled.
     pub(super) fn settle(&mut self, actual_tokens: u64) {
         match std::mem::replace(&mut self.pending, Pending::Settled) {
             Pending::Posted(slot) => self.shared.post(slot, Some(actual_tokens)),
             Pending::Locked(grant) => self.shared.settle(&grant, actual_tokens),
+            Pending::Drawn(drawn) => self.shared.settle_drawn(drawn, Some(actual_tokens)),
             Pending::Settled => {}
         }
     }
@@ -232,8 +245,10 @@ impl Settlement {
 
 impl Drop for Settlement {
     fn drop(&mut self) {
-        if let Pending::Posted(slot) = self.pending {
-            self.shared.post(slot, None);
+        match self.pending {
+            Pending::Posted(slot) => self.shared.post(slot, None),
+            Pending::Drawn(drawn) => self.shared.settle_drawn(drawn, None),
+            Pending::Settled | Pending::Locked(_) => {}
         }
     }
 }
@@ -244,6 +259,7 @@ impl fmt::Debug for Settlement {
             Pending::Settled => "settled",
             Pending::Posted(_) => "posted",
             Pending::Locked(_) => "locked",
+            Pending::Drawn(_) => "drawn",
         };
         f.debug_struct("Settlement")
             .field("key", &self.shared.key())
