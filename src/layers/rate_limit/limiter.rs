@@ -307,9 +307,15 @@ impl KeyShared {
     #[inline]
     pub(super) fn settle_drawn(&self, drawn: Drawn, actual: Option<u64>) {
         let actual = actual.filter(|_| self.token_amount.is_some());
-        if self.word.settle(drawn, actual) {
-            return;
+        if !self.word.settle(drawn, actual) {
+            self.settle_late(drawn, actual);
         }
+    }
+
+    /// [`settle_drawn`](Self::settle_drawn) once the pool was closed.
+    #[cold]
+    #[inline(never)]
+    fn settle_late(&self, drawn: Drawn, actual: Option<u64>) {
         let now = self.epoch.now();
         let mut state = self.lock(now);
         let state = &mut *state;
@@ -605,9 +611,45 @@ impl Limiter {
         shared
     }
 
+    /// Admits `call` from its key's lock-free pool: its key and what it
+    /// drew. Otherwise its key and its tokens, for the lock to decide.
+    #[inline]
+    pub(super) fn draw(
+        &self,
+        call: &ModelCall,
+    ) -> Result<(Arc<KeyShared>, Drawn), (Arc<KeyShared>, u64)> {
+        let key = self.key_of(call);
+        let tokens = key.tokens(self.need(call));
+        match key.draw(tokens) {
+            Some(drawn) => Ok((key, drawn)),
+            None => Err((key, tokens)),
+        }
+    }
+
     /// The state of `call`'s key: the fixed key, the key function's, or the
     /// model.
+    #[inline]
     pub(super) fn key_of(&self, call: &ModelCall) -> Arc<KeyShared> {
+        if let (None, None, Some(first)) = (&self.fixed_key, &self.key_fn, self.first_of(call)) {
+            return first.clone();
+        }
+        self.key_of_any(call)
+    }
+
+    /// The first key, if `call`'s model name shares its storage.
+    #[inline]
+    fn first_of(&self, call: &ModelCall) -> Option<&Arc<KeyShared>> {
+        let name = self.first_name.get()?;
+        let (a, b) = (name.as_str(), call.request.model.as_str());
+        if std::ptr::eq(a, b) {
+            self.first.get()
+        } else {
+            None
+        }
+    }
+
+    #[inline(never)]
+    fn key_of_any(&self, call: &ModelCall) -> Arc<KeyShared> {
         if let Some(key) = &self.fixed_key {
             return self.key(key);
         }
@@ -618,14 +660,7 @@ impl Limiter {
     }
 
     /// The state of the key `model`.
-    #[inline]
     fn key_of_model(&self, model: &ModelName) -> Arc<KeyShared> {
-        if let (Some(first), Some(name)) = (self.first.get(), self.first_name.get()) {
-            let (a, b) = (name.as_str(), model.as_str());
-            if std::ptr::eq(a, b) {
-                return first.clone();
-            }
-        }
         let key = self.key(model);
         if self.first_name.get().is_none()
             && self

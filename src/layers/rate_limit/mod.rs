@@ -282,7 +282,36 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, call: ModelCall) -> future::ResponseFuture<S> {
+        // An in-memory quota and nothing held from `poll_ready`: the path
+        // of most calls, kept apart so it stays short.
+        if let (Ok(limiter), Slot::Empty) = (&self.limiter, &self.slot) {
+            if limiter.remote.is_none() {
+                return match limiter.draw(&call) {
+                    // Ample capacity: drawn from the lock-free pool. Call
+                    // the service made ready right away.
+                    Ok((key, drawn)) => future::ResponseFuture::called(
+                        self.inner.call(call),
+                        Settlement::drawn(key, drawn),
+                    ),
+                    Err((key, tokens)) => self.call_locked(call, key, tokens),
+                };
+            }
+        }
+        self.call_held(call)
+    }
+}
+
+impl<S> ModelRateLimit<S>
+where
+    S: Service<ModelCall, Response = ModelResponse> + Clone,
+    S::Error: Into<BoxError>,
+{
+    /// `call` for a call with a store-backed quota, or holding what
+    /// `poll_ready` reserved, or with invalid limits.
+    #[inline(never)]
+    fn call_held(&mut self, call: ModelCall) -> future::ResponseFuture<S> {
         let limiter = match &self.limiter {
             Ok(limiter) => limiter,
             Err(message) => return future::ResponseFuture::invalid(message.clone()),
@@ -298,11 +327,6 @@ where
             let clone = self.inner.clone();
             let inner = std::mem::replace(&mut self.inner, clone);
             return future::ResponseFuture::remote(inner, call, wait);
-        }
-        if let Slot::Empty = self.slot {
-            // A key per request, nothing held from `poll_ready`: the path of
-            // most calls, kept apart so it stays short.
-            return self.call_now(call);
         }
         let (held, waited) = match &self.slot {
             Slot::Empty => (None, Duration::ZERO),
@@ -350,28 +374,20 @@ where
             }
         }
     }
-}
 
-impl<S> ModelRateLimit<S>
-where
-    S: Service<ModelCall, Response = ModelResponse> + Clone,
-    S::Error: Into<BoxError>,
-{
-    /// `call` with an in-memory quota and nothing held: reserves the
-    /// call's request and tokens at once.
-    #[inline]
-    fn call_now(&mut self, call: ModelCall) -> future::ResponseFuture<S> {
+    /// `call` with an in-memory quota and nothing held, when the lock-free
+    /// pool could not admit it: reserves `tokens` and the request under
+    /// `key`'s lock.
+    #[inline(never)]
+    fn call_locked(
+        &mut self,
+        call: ModelCall,
+        key: Arc<KeyShared>,
+        tokens: u64,
+    ) -> future::ResponseFuture<S> {
         let Ok(limiter) = &self.limiter else {
             unreachable!("checked by `call`")
         };
-        let key = limiter.key_of(&call);
-        let tokens = key.tokens(limiter.need(&call));
-        if let Some(drawn) = key.draw(tokens) {
-            // Ample capacity: drawn from the lock-free pool. Call the
-            // service made ready right away.
-            let settlement = Settlement::drawn(key, drawn);
-            return future::ResponseFuture::called(self.inner.call(call), settlement);
-        }
         let max_wait = match call.context.remaining() {
             Some(left) => limiter.max_wait.min(left),
             None => limiter.max_wait,

@@ -197,14 +197,14 @@ pub(super) struct Settlement {
 }
 
 /// What a [`Settlement`] still has to do.
-#[derive(Clone, Copy)]
 enum Pending {
     /// Nothing: no token limit, or settled already.
     Settled,
     /// Post the outcome in this slot (the key keeps the grant).
     Posted(u8),
-    /// Settle this grant under the key's lock (no slot was free).
-    Locked(Grant),
+    /// Settle this grant under the key's lock (no slot was free). Boxed:
+    /// every settlement moves with its response future, and this is rare.
+    Locked(Box<Grant>),
     /// Settle what was drawn from the lock-free pool.
     Drawn(Drawn),
 }
@@ -216,7 +216,7 @@ impl Settlement {
     pub(super) fn new(shared: Arc<KeyShared>, tokens: Option<Grant>, slot: Option<u8>) -> Self {
         let pending = match (tokens, slot) {
             (Some(_), Some(slot)) => Pending::Posted(slot),
-            (Some(grant), None) => Pending::Locked(grant),
+            (Some(grant), None) => Pending::Locked(Box::new(grant)),
             (None, _) => Pending::Settled,
         };
         Self { shared, pending }
@@ -233,7 +233,19 @@ impl Settlement {
 
     /// Charges the difference between the real token count and the
     /// reservation, or refunds it. Once: the tokens are then settled.
+    #[inline]
     pub(super) fn settle(&mut self, actual_tokens: u64) {
+        // Drawn from the lock-free pool: the path of most calls, inlined.
+        if let Pending::Drawn(drawn) = self.pending {
+            self.pending = Pending::Settled;
+            self.shared.settle_drawn(drawn, Some(actual_tokens));
+            return;
+        }
+        self.settle_locked(actual_tokens);
+    }
+
+    #[inline(never)]
+    fn settle_locked(&mut self, actual_tokens: u64) {
         match std::mem::replace(&mut self.pending, Pending::Settled) {
             Pending::Posted(slot) => self.shared.post(slot, Some(actual_tokens)),
             Pending::Locked(grant) => self.shared.settle(&grant, actual_tokens),
@@ -244,11 +256,12 @@ impl Settlement {
 }
 
 impl Drop for Settlement {
+    #[inline]
     fn drop(&mut self) {
         match self.pending {
+            Pending::Settled | Pending::Locked(_) => {}
             Pending::Posted(slot) => self.shared.post(slot, None),
             Pending::Drawn(drawn) => self.shared.settle_drawn(drawn, None),
-            Pending::Settled | Pending::Locked(_) => {}
         }
     }
 }
