@@ -48,6 +48,7 @@ impl TextMemo {
         text_len.div_ceil(4).saturating_add(output)
     }
 
+    #[inline]
     fn get(&self, lineage: u64, len: u64) -> Option<u64> {
         let seq = self.seq.load(Ordering::Acquire);
         if seq & 1 == 1 {
