@@ -67,16 +67,19 @@ struct KeyState {
 }
 
 impl KeyState {
-    /// Applies the settlements posted since the lock was last taken,
-    /// refills to `now`, then takes the lock-free pool back and charges
-    /// what it drew.
+    /// Refills to `now`, takes the lock-free pool back and charges what it
+    /// drew, then applies the settlements posted since the lock was last
+    /// taken. All as of now: the pool may have admitted calls since the
+    /// last update, so neither its draws nor a posted charge may be dated
+    /// back to where the refill since would cover them (a refund bounded as
+    /// of now is bounded at least as tightly as when it was posted).
     fn catch_up(&mut self, posts: &Posts, word: &Word, now: u64) {
-        if self.inflight.any() && self.inflight.apply(posts, self.tokens.as_mut()) {
-            self.wake_head();
-        }
         self.refill(now);
         self.pool
             .absorb(word, self.requests.as_mut(), self.tokens.as_mut());
+        if self.inflight.any() && self.inflight.apply(posts, self.tokens.as_mut()) {
+            self.wake_head();
+        }
     }
 
     fn refill(&mut self, now: u64) {
@@ -144,14 +147,16 @@ impl KeyState {
             b => b.is_some(),
         };
         let tokens = match &self.tokens {
-            Some(b) if tokens > 0 => {
+            // A call needing no tokens is not held back by a bucket in
+            // debt, but still settles what it used.
+            Some(b) => {
                 let need = b.need(tokens);
-                if !b.holds_scaled(need) {
+                if tokens > 0 && !b.holds_scaled(need) {
                     return None;
                 }
                 Some(need)
             }
-            _ => None,
+            None => None,
         };
         if request {
             if let Some(b) = &mut self.requests {
@@ -489,9 +494,11 @@ impl KeyShared {
 
     /// Posts the settlement of the call holding `slot` without the lock or
     /// the clock (`None`: the reservation is kept); takes the lock only if a
-    /// call is queued, to apply it and let the head go.
-    pub(super) fn post(&self, slot: u8, actual: Option<u64>) {
-        if self.posts.post(slot, actual) {
+    /// call is queued, to apply it and let the head go, or if it `charges`
+    /// beyond the reservation: the lock-free pool must not admit anyone on
+    /// top of a debt it does not see.
+    pub(super) fn post(&self, slot: u8, actual: Option<u64>, charges: bool) {
+        if self.posts.post(slot, actual) || charges {
             drop(self.lock(self.epoch.now()));
         }
     }

@@ -145,6 +145,8 @@ mod limiter;
 mod limits;
 mod need;
 mod pool;
+#[cfg(test)]
+mod pool_tests;
 mod posts;
 mod remote;
 #[cfg(test)]

@@ -329,4 +329,3 @@ async fn a_model_name_finds_its_key_whether_or_not_it_shares_the_first_ones_stor
         .await
         .unwrap();
 }
-

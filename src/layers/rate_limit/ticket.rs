@@ -201,7 +201,12 @@ enum Pending {
     /// Nothing: no token limit, or settled already.
     Settled,
     /// Post the outcome in this slot (the key keeps the grant).
-    Posted(u8),
+    Posted {
+        slot: u8,
+        /// What the grant reserved: a settlement beyond it is applied at
+        /// once, before the lock-free pool admits anyone on top of it.
+        reserved: u64,
+    },
     /// Settle this grant under the key's lock (no slot was free). Boxed:
     /// every settlement moves with its response future, and this is rare.
     Locked(Box<Grant>),
@@ -215,7 +220,10 @@ impl Settlement {
     #[inline]
     pub(super) fn new(shared: Arc<KeyShared>, tokens: Option<Grant>, slot: Option<u8>) -> Self {
         let pending = match (tokens, slot) {
-            (Some(_), Some(slot)) => Pending::Posted(slot),
+            (Some(grant), Some(slot)) => Pending::Posted {
+                slot,
+                reserved: grant.amount,
+            },
             (Some(grant), None) => Pending::Locked(Box::new(grant)),
             (None, _) => Pending::Settled,
         };
@@ -247,7 +255,10 @@ impl Settlement {
     #[inline(never)]
     fn settle_locked(&mut self, actual_tokens: u64) {
         match std::mem::replace(&mut self.pending, Pending::Settled) {
-            Pending::Posted(slot) => self.shared.post(slot, Some(actual_tokens)),
+            Pending::Posted { slot, reserved } => {
+                self.shared
+                    .post(slot, Some(actual_tokens), actual_tokens > reserved);
+            }
             Pending::Locked(grant) => self.shared.settle(&grant, actual_tokens),
             Pending::Drawn(drawn) => self.shared.settle_drawn(drawn, Some(actual_tokens)),
             Pending::Settled => {}
@@ -260,7 +271,7 @@ impl Drop for Settlement {
     fn drop(&mut self) {
         match self.pending {
             Pending::Settled | Pending::Locked(_) => {}
-            Pending::Posted(slot) => self.shared.post(slot, None),
+            Pending::Posted { slot, .. } => self.shared.post(slot, None, false),
             Pending::Drawn(drawn) => self.shared.settle_drawn(drawn, None),
         }
     }
@@ -270,7 +281,7 @@ impl fmt::Debug for Settlement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let pending = match self.pending {
             Pending::Settled => "settled",
-            Pending::Posted(_) => "posted",
+            Pending::Posted { .. } => "posted",
             Pending::Locked(_) => "locked",
             Pending::Drawn(_) => "drawn",
         };
