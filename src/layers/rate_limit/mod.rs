@@ -87,6 +87,16 @@
 //! held; once the inner service was called, the reservation is kept, as the
 //! inner service may have sent the request from `call`.
 //!
+//! # Ample capacity: no lock, no clock
+//!
+//! While nobody waits for a key, the whole requests and tokens its buckets
+//! hold are published where a call takes its share with one atomic
+//! compare-and-swap, and settles it the same way when its response
+//! arrives: no lock and no clock read. What was taken is charged to the
+//! buckets, as of that moment, the next time the key's lock is taken (when
+//! the published share runs short, or a call must wait): never more than
+//! the buckets would have admitted one call at a time.
+//!
 //! # Waiting: FIFO, bounded by `max_wait`
 //!
 //! Each key has one queue. A call is admitted when it is at the head and
@@ -140,6 +150,7 @@
 //! call would hold a permit.
 
 mod bucket;
+mod key;
 mod layer;
 mod limiter;
 mod limits;
@@ -170,7 +181,8 @@ use tower::Service;
 use crate::error::BoxError;
 use crate::request::ModelCall;
 use crate::types::ModelResponse;
-use limiter::{Entered, KeyShared, Limiter};
+use key::{Entered, KeyShared};
+use limiter::Limiter;
 use ticket::{Arrival, Refused, Settlement, Ticket, Waiter};
 
 /// What `poll_ready` holds for the next call (with a fixed key).

@@ -13,7 +13,8 @@ use tower::{Layer, Service, ServiceExt};
 use tower_test::mock;
 
 use super::bucket::Bucket;
-use super::limiter::{Entered, Limiter};
+use super::key::Entered;
+use super::limiter::Limiter;
 use super::limits::{Config, Limits, Rate};
 use super::ticket::Settlement;
 use super::{ModelRateLimitLayer, RateLimited};

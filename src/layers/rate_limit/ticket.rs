@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::Sleep;
 
 use super::bucket::Grant;
-use super::limiter::{Admit, Entered, KeyShared, Taken};
+use super::key::{Admit, Entered, KeyShared, Taken};
 use super::pool::Drawn;
 
 /// A call refused on arrival: it would wait longer than it may.
