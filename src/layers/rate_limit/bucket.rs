@@ -67,6 +67,14 @@ pub(super) struct Grant {
     mark: i128,
 }
 
+impl Grant {
+    /// The same grant, for `amount`: a call's share of a grant that
+    /// charged several calls at once.
+    pub(super) fn with_amount(self, amount: u64) -> Self {
+        Self { amount, ..self }
+    }
+}
+
 /// An amount to take, cut to the bucket, and scaled.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Scaled {
@@ -148,6 +156,11 @@ impl Bucket {
     /// Whether the bucket holds `n` now: `time_for(scaled(n))` is zero.
     pub(super) fn holds(&self, n: u64) -> bool {
         self.level >= self.scaled(n)
+    }
+
+    /// The whole units the bucket holds now (zero in debt).
+    pub(super) fn whole(&self) -> u64 {
+        u64::try_from(self.level.max(0) / self.unit).unwrap_or(u64::MAX)
     }
 
     /// Whether the bucket holds one unit now: `holds(1)`.

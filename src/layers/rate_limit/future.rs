@@ -167,102 +167,138 @@ where
 {
     type Output = Result<ModelResponse, BoxError>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
-        loop {
-            let fut = match state.as_mut().project() {
-                StateProj::Refused { error } => {
-                    let err = error
-                        .take()
-                        .expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Err(err.into()));
-                }
-                StateProj::Invalid { message } => {
-                    let message = message
-                        .take()
-                        .expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Err(AgentError::Config(message.to_string()).into()));
-                }
-                StateProj::Waiting { waiting } => {
-                    let Waiting {
-                        waiter,
-                        since,
-                        ticket,
-                        waited,
-                        call,
-                        inner,
-                    } = &mut **waiting;
-                    if let Some(queued) = waiter {
-                        let since = *since.get_or_insert_with(|| {
-                            tracing::debug!(
-                                key = %queued.key(),
-                                "rate limit: waiting for capacity"
-                            );
-                            Instant::now()
-                        });
-                        let admitted = ready!(queued.poll_admitted(cx));
-                        *waited += since.elapsed();
-                        *waiter = None;
-                        *ticket = Some(super::merged(ticket.take(), admitted));
-                    }
-                    let ticket = ticket.take().expect("admitted before the call");
-                    let call = call.take().expect("called once");
-                    if !waited.is_zero() {
-                        let ctx = &call.context;
-                        ctx.emit(|| AgentEvent::RateLimitWait {
-                            run_id: ctx.run_id().clone(),
-                            key: ticket.key().to_owned(),
-                            waited: *waited,
-                        });
-                    }
-                    let fut = inner.call(call);
-                    State::Called {
-                        fut,
-                        settle: Settle::Local(ticket.send()),
-                    }
-                }
-                StateProj::Remote { waiting } => {
-                    let Remote { wait, call, inner } = &mut **waiting;
-                    let ctx = &call.as_ref().expect("called once").context;
-                    let (ticket, waited) = match ready!(wait.poll_admitted(cx, ctx)) {
-                        Ok(admitted) => admitted,
-                        Err(refused) => return Poll::Ready(Err(refused)),
-                    };
-                    let call = call.take().expect("called once");
-                    let ticket = ticket.map(|ticket| ticket.for_run(&call.context));
-                    if !waited.is_zero() {
-                        let ctx = &call.context;
-                        ctx.emit(|| AgentEvent::RateLimitWait {
-                            run_id: ctx.run_id().clone(),
-                            key: wait.key().to_owned(),
-                            waited,
-                        });
-                    }
-                    State::Called {
-                        fut: inner.call(call),
-                        settle: match ticket {
-                            Some(ticket) => Settle::Remote(Box::new(ticket)),
-                            None => Settle::Nothing,
-                        },
-                    }
-                }
-                StateProj::Called { fut, settle } => {
-                    let response = match ready!(fut.poll(cx)) {
-                        Ok(response) => response,
-                        // A failed call keeps its reservation.
-                        Err(err) => return Poll::Ready(Err(err.into())),
-                    };
-                    let actual = response.usage.total_tokens();
-                    match std::mem::replace(settle, Settle::Nothing) {
-                        Settle::Local(mut settlement) => settlement.settle(actual),
-                        Settle::Remote(remote) => remote.settle(actual),
-                        Settle::Nothing => {}
-                    }
-                    return Poll::Ready(Ok(response));
-                }
-            };
-            state.set(fut);
+        // Called from `call`: the path of most calls, inlined.
+        if let StateProj::Called { fut, settle } = state.as_mut().project() {
+            return poll_called(fut, settle, cx);
         }
+        poll_state(state, cx)
+    }
+}
+
+/// Polls a future that is not (yet) calling its inner service.
+#[inline(never)]
+fn poll_state<S>(
+    mut state: Pin<&mut State<S, S::Future>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<ModelResponse, BoxError>>
+where
+    S: Service<ModelCall, Response = ModelResponse>,
+    S::Error: Into<BoxError>,
+{
+    loop {
+        let fut = match state.as_mut().project() {
+            StateProj::Refused { error } => {
+                let err = error
+                    .take()
+                    .expect("ResponseFuture polled after completion");
+                return Poll::Ready(Err(err.into()));
+            }
+            StateProj::Invalid { message } => {
+                let message = message
+                    .take()
+                    .expect("ResponseFuture polled after completion");
+                return Poll::Ready(Err(AgentError::Config(message.to_string()).into()));
+            }
+            StateProj::Waiting { waiting } => {
+                let Waiting {
+                    waiter,
+                    since,
+                    ticket,
+                    waited,
+                    call,
+                    inner,
+                } = &mut **waiting;
+                if let Some(queued) = waiter {
+                    let since = *since.get_or_insert_with(|| {
+                        tracing::debug!(
+                            key = %queued.key(),
+                            "rate limit: waiting for capacity"
+                        );
+                        Instant::now()
+                    });
+                    let admitted = ready!(queued.poll_admitted(cx));
+                    *waited += since.elapsed();
+                    *waiter = None;
+                    *ticket = Some(super::merged(ticket.take(), admitted));
+                }
+                let ticket = ticket.take().expect("admitted before the call");
+                let call = call.take().expect("called once");
+                if !waited.is_zero() {
+                    let ctx = &call.context;
+                    ctx.emit(|| AgentEvent::RateLimitWait {
+                        run_id: ctx.run_id().clone(),
+                        key: ticket.key().to_owned(),
+                        waited: *waited,
+                    });
+                }
+                let fut = inner.call(call);
+                State::Called {
+                    fut,
+                    settle: Settle::Local(ticket.send()),
+                }
+            }
+            StateProj::Remote { waiting } => {
+                let Remote { wait, call, inner } = &mut **waiting;
+                let ctx = &call.as_ref().expect("called once").context;
+                let (ticket, waited) = match ready!(wait.poll_admitted(cx, ctx)) {
+                    Ok(admitted) => admitted,
+                    Err(refused) => return Poll::Ready(Err(refused)),
+                };
+                let call = call.take().expect("called once");
+                let ticket = ticket.map(|ticket| ticket.for_run(&call.context));
+                if !waited.is_zero() {
+                    let ctx = &call.context;
+                    ctx.emit(|| AgentEvent::RateLimitWait {
+                        run_id: ctx.run_id().clone(),
+                        key: wait.key().to_owned(),
+                        waited,
+                    });
+                }
+                State::Called {
+                    fut: inner.call(call),
+                    settle: match ticket {
+                        Some(ticket) => Settle::Remote(Box::new(ticket)),
+                        None => Settle::Nothing,
+                    },
+                }
+            }
+            StateProj::Called { fut, settle } => return poll_called(fut, settle, cx),
+        };
+        state.set(fut);
+    }
+}
+
+/// Polls the inner call; settles what it reserved once it answers.
+#[inline(always)]
+fn poll_called<F, E>(
+    fut: Pin<&mut F>,
+    settle: &mut Settle,
+    cx: &mut Context<'_>,
+) -> Poll<Result<ModelResponse, BoxError>>
+where
+    F: Future<Output = Result<ModelResponse, E>>,
+    E: Into<BoxError>,
+{
+    match fut.poll(cx) {
+        Poll::Pending => Poll::Pending,
+        Poll::Ready(Ok(response)) => {
+            let actual = response.usage.total_tokens();
+            match settle {
+                Settle::Local(settlement) => settlement.settle(actual),
+                Settle::Remote(_) => {
+                    if let Settle::Remote(remote) = std::mem::replace(settle, Settle::Nothing) {
+                        remote.settle(actual);
+                    }
+                }
+                Settle::Nothing => {}
+            }
+            Poll::Ready(Ok(response))
+        }
+        // A failed call keeps its reservation.
+        Poll::Ready(Err(err)) => Poll::Ready(Err(err.into())),
     }
 }
 

@@ -1,430 +1,29 @@
-//! The shared quota: per key, a request [`Bucket`], a token bucket and one
-//! FIFO queue of the calls waiting for them.
-//!
-//! A call is admitted when it is at the head of its key's queue and both
-//! buckets hold what it needs; admission takes it from both at once. Only
-//! the head waits on a timer (until the buckets will hold enough); the
-//! others wait to become the head. Refunds and releases wake the head, which
-//! checks again.
-//!
-//! Each key's state sits behind its own lock in a [`KeyShared`], found once
-//! per call: the `Waiter` and `Ticket` of a call hold it, so settling,
-//! releasing and leaving go straight to it. The first key a layer sees (the
-//! only one, for a layer bound to one model) is found without the map. A
-//! call admitted at once takes the lock once: its settlement is posted
-//! without it (see [`posts`](super::posts)) and applied by whoever takes
-//! the lock next.
+//! The configuration and the keys every clone of a layer and of its
+//! services shares: each key's quota ([`KeyShared`]) is found once per
+//! call, and held by the call's `Waiter`, `Ticket` or `Settlement`, so
+//! settling, releasing and leaving go straight to it. The first key a layer
+//! sees (the only one, for a layer bound to one model) is found without the
+//! map.
 //!
 //! A key nobody holds whose buckets are full is what a fresh key would be:
 //! such idle keys leave the map when it grows past its sweep mark, so the
 //! map holds the keys in use plus at most about `idle_keys` others.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::task::Waker;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::bucket::{Bucket, Epoch, Grant};
+use super::key::KeyShared;
 use super::limits::{Config, EstimateFn, KeyFn, Limits};
-pub(super) use super::need::Need;
-use super::need::TextMemo;
-use super::posts::{self, InFlight, Posts};
+use super::need::Need;
+use super::pool::Drawn;
 use super::remote::Remote;
 use crate::request::ModelCall;
 use crate::tokens::{request_tokens, TokenCounters};
 use crate::types::ModelName;
-
-struct Queued {
-    id: u64,
-    requests: u64,
-    tokens: u64,
-    waker: Option<Waker>,
-}
-
-/// What a call takes: its request and token grants, and the slot its
-/// settlement is posted in.
-pub(super) type Taken = (Option<Grant>, Option<Grant>, Option<u8>);
-
-struct KeyState {
-    requests: Option<Bucket>,
-    tokens: Option<Bucket>,
-    /// Callers already holding a request slot (`requests == 0`) first, each
-    /// group in arrival order.
-    queue: VecDeque<Queued>,
-    holders: usize,
-    next_id: u64,
-    /// The token grants of calls whose settlement is posted without the
-    /// lock.
-    inflight: InFlight,
-    /// The text size of the last history estimated, by lineage and length
-    /// (which fix its messages): a run's calls of one key mostly ask again
-    /// for the same history, or for it grown.
-    memo: TextMemo,
-}
-
-impl KeyState {
-    /// The tokens `need` comes to.
-    #[inline]
-    fn tokens(&mut self, need: Need<'_>) -> u64 {
-        self.memo.tokens(need)
-    }
-
-    /// Applies the settlements posted since the lock was last taken, then
-    /// refills to `now`.
-    fn catch_up(&mut self, posts: &Posts, now: u64) {
-        if self.inflight.any() && self.inflight.apply(posts, self.tokens.as_mut()) {
-            self.wake_head();
-        }
-        self.refill(now);
-    }
-
-    fn refill(&mut self, now: u64) {
-        if let Some(b) = &mut self.requests {
-            b.refill(now);
-        }
-        if let Some(b) = &mut self.tokens {
-            b.refill(now);
-        }
-    }
-
-    /// How long until `requests` and `tokens` fit after everything queued
-    /// at or before `position` (an estimate: settlements may change it).
-    fn wait_at(&self, position: usize, requests: u64, tokens: u64) -> Duration {
-        let (r, t) = match position {
-            0 => (requests, tokens),
-            _ => self
-                .queue
-                .iter()
-                .take(position)
-                .fold((requests, tokens), |(r, t), q| {
-                    (r + q.requests, t + q.tokens)
-                }),
-        };
-        let wait = |bucket: &Option<Bucket>, n: u64| match bucket {
-            Some(b) if n > 0 => b.time_for(b.scaled(n)),
-            _ => Duration::ZERO,
-        };
-        wait(&self.requests, r).max(wait(&self.tokens, t))
-    }
-
-    /// Whether `requests` and `tokens` fit now: `wait_at(0, ..)` is zero.
-    fn fits(&self, requests: u64, tokens: u64) -> bool {
-        let holds = |bucket: &Option<Bucket>, n: u64| match bucket {
-            Some(b) if n > 0 => b.holds(n),
-            _ => true,
-        };
-        holds(&self.requests, requests) && holds(&self.tokens, tokens)
-    }
-
-    /// Takes `requests` and `tokens`; the token grant holds a slot to post
-    /// its settlement in, when one is free.
-    fn take(&mut self, requests: u64, tokens: u64) -> Taken {
-        let take = |bucket: &mut Option<Bucket>, n: u64| match bucket {
-            Some(b) if n > 0 => Some(b.take(n)),
-            _ => None,
-        };
-        let request_grant = take(&mut self.requests, requests);
-        let token_grant = take(&mut self.tokens, tokens);
-        let slot = token_grant.and_then(|grant| self.inflight.hold(grant));
-        (request_grant, token_grant, slot)
-    }
-
-    /// Takes one request and `tokens` (cut to the whole token limit) if
-    /// nobody is queued and both fit: what [`fits`](Self::fits) and
-    /// [`take`](Self::take) do for a call that holds nothing, in one pass.
-    /// Keeps no request grant.
-    #[inline]
-    fn admit_now(&mut self, tokens: u64) -> Option<(Option<Grant>, Option<u8>)> {
-        if !self.queue.is_empty() {
-            return None;
-        }
-        let request = match &self.requests {
-            Some(b) if !b.holds_one() => return None,
-            b => b.is_some(),
-        };
-        let tokens = match &self.tokens {
-            Some(b) if tokens > 0 => {
-                let need = b.need(tokens);
-                if !b.holds_scaled(need) {
-                    return None;
-                }
-                Some(need)
-            }
-            _ => None,
-        };
-        if request {
-            if let Some(b) = &mut self.requests {
-                b.take_one();
-            }
-        }
-        let grant = match (tokens, &mut self.tokens) {
-            (Some(need), Some(b)) => b.take_scaled(need),
-            _ => return Some((None, None)),
-        };
-        Some((Some(grant), self.inflight.hold(grant)))
-    }
-
-    /// Whether the key is what a fresh one would be: full buckets, nobody
-    /// queued.
-    fn is_idle(&mut self, posts: &Posts, now: u64) -> bool {
-        if !self.queue.is_empty() || self.holders > 0 {
-            return false;
-        }
-        self.catch_up(posts, now);
-        if self.inflight.any() {
-            return false;
-        }
-        self.requests.as_ref().is_none_or(Bucket::is_full)
-            && self.tokens.as_ref().is_none_or(Bucket::is_full)
-    }
-
-    fn wake_head(&mut self) {
-        if let Some(waker) = self.queue.front_mut().and_then(|q| q.waker.take()) {
-            waker.wake();
-        }
-    }
-}
-
-/// One key's quota and queue, shared by the limiter and every call of that
-/// key that waits or holds a part of the quota.
-pub(super) struct KeyShared {
-    key: Arc<str>,
-    /// What the buckets' times count from: the key's creation.
-    epoch: Epoch,
-    state: Mutex<KeyState>,
-    /// Settlements posted without `state`'s lock.
-    posts: Posts,
-}
-
-impl KeyShared {
-    fn new(key: Arc<str>, limits: Limits, created: Instant) -> Self {
-        let epoch = Epoch::new(created);
-        let now = 0;
-        Self {
-            key,
-            epoch,
-            state: Mutex::new(KeyState {
-                requests: limits.request_rate().map(|r| Bucket::new(r, now)),
-                tokens: limits.token_rate().map(|r| Bucket::new(r, now)),
-                queue: VecDeque::new(),
-                holders: 0,
-                next_id: 0,
-                inflight: InFlight::default(),
-                memo: TextMemo::EMPTY,
-            }),
-            posts: Posts::new(),
-        }
-    }
-
-    /// The key's name.
-    pub(super) fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// Whether the key is what a fresh one would be at `now`.
-    fn is_idle(&self, now: Instant) -> bool {
-        self.state().is_idle(&self.posts, self.epoch.nanos(now))
-    }
-
-    fn state(&self) -> MutexGuard<'_, KeyState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Arrives at the key's queue needing `requests` (0 for a caller that
-    /// already holds its request slot) and `tokens`.
-    ///
-    /// # Errors
-    ///
-    /// When the call would wait longer than `max_wait`: how long it would
-    /// wait. Nothing is taken or queued then.
-    pub(super) fn enter(
-        &self,
-        requests: u64,
-        tokens: Need<'_>,
-        max_wait: Duration,
-    ) -> Result<Entered, Duration> {
-        let (state, tokens) = self.caught_up(tokens);
-        self.enter_locked(state, requests, tokens, max_wait)
-    }
-
-    /// [`enter`](Self::enter) for a call that holds nothing: one request
-    /// and `tokens`. Admitted at once, it keeps no request grant (the call
-    /// goes out at once, which spends the request).
-    #[inline]
-    pub(super) fn enter_call(
-        &self,
-        tokens: Need<'_>,
-        max_wait: Duration,
-    ) -> Result<Entered, Duration> {
-        let (mut state, tokens) = self.caught_up(tokens);
-        if let Some((grant, slot)) = state.admit_now(tokens) {
-            drop(state);
-            return Ok(Entered::Admitted((None, grant, slot)));
-        }
-        self.enter_locked(state, 1, tokens, max_wait)
-    }
-
-    /// The key's state under its lock, brought up to now (the posted
-    /// settlements applied), and the call's `tokens` measured.
-    #[inline]
-    fn caught_up(&self, tokens: Need<'_>) -> (MutexGuard<'_, KeyState>, u64) {
-        let now = self.epoch.now();
-        let mut state = self.state();
-        state.catch_up(&self.posts, now);
-        let tokens = state.tokens(tokens);
-        (state, tokens)
-    }
-
-    fn enter_locked(
-        &self,
-        mut state: MutexGuard<'_, KeyState>,
-        requests: u64,
-        tokens: u64,
-        max_wait: Duration,
-    ) -> Result<Entered, Duration> {
-        let requests = state.requests.as_ref().map_or(0, |b| b.clamp(requests));
-        let tokens = state.tokens.as_ref().map_or(0, |b| b.clamp(tokens));
-        let holder = requests == 0;
-        let position = if holder {
-            state.holders
-        } else {
-            state.queue.len()
-        };
-        if position == 0 && state.fits(requests, tokens) {
-            let taken = state.take(requests, tokens);
-            drop(state);
-            return Ok(Entered::Admitted(taken));
-        }
-        let wait = state.wait_at(position, requests, tokens);
-        if wait > max_wait {
-            drop(state);
-            return Err(wait);
-        }
-        let id = state.next_id;
-        state.next_id += 1;
-        let queued = Queued {
-            id,
-            requests,
-            tokens,
-            waker: None,
-        };
-        state.queue.insert(position, queued);
-        self.posts.set_waiting(true);
-        if holder {
-            state.holders += 1;
-        }
-        drop(state);
-        Ok(Entered::Queued(id))
-    }
-
-    /// Admits waiter `id` if it is the head and its needs fit; otherwise
-    /// keeps its waker, and says until when the head must wait.
-    pub(super) fn poll_admit(&self, id: u64, waker: &Waker) -> Admit {
-        let now = self.epoch.now();
-        let mut state = self.state();
-        state.catch_up(&self.posts, now);
-        let Some(index) = state.queue.iter().position(|q| q.id == id) else {
-            return Admit::Gone;
-        };
-        let entry = &mut state.queue[index];
-        match &entry.waker {
-            Some(w) if w.will_wake(waker) => {}
-            _ => entry.waker = Some(waker.clone()),
-        }
-        if index > 0 {
-            return Admit::NotHead;
-        }
-        let (requests, tokens) = (entry.requests, entry.tokens);
-        let wait = state.wait_at(0, requests, tokens);
-        if !wait.is_zero() {
-            let wait = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
-            return Admit::WaitUntil(self.epoch.instant(now.saturating_add(wait)));
-        }
-        let taken = state.take(requests, tokens);
-        state.queue.pop_front();
-        if requests == 0 {
-            state.holders -= 1;
-        }
-        if state.queue.is_empty() {
-            self.posts.set_waiting(false);
-        }
-        state.wake_head();
-        Admit::Admitted(taken)
-    }
-
-    pub(super) fn leave(&self, id: u64) {
-        let mut state = self.state();
-        if let Some(index) = state.queue.iter().position(|q| q.id == id) {
-            if let Some(left) = state.queue.remove(index) {
-                if left.requests == 0 {
-                    state.holders -= 1;
-                }
-            }
-            if state.queue.is_empty() {
-                self.posts.set_waiting(false);
-            }
-            if index == 0 {
-                state.wake_head();
-            }
-        }
-    }
-
-    pub(super) fn release(
-        &self,
-        requests: Option<&Grant>,
-        tokens: Option<&Grant>,
-        slot: Option<u8>,
-    ) {
-        let now = self.epoch.now();
-        let mut state = self.state();
-        state.catch_up(&self.posts, now);
-        if let Some(slot) = slot {
-            state.inflight.free(slot);
-        }
-        if let (Some(bucket), Some(grant)) = (&mut state.requests, requests) {
-            bucket.refund(grant, grant.amount, now);
-        }
-        if let (Some(bucket), Some(grant)) = (&mut state.tokens, tokens) {
-            bucket.refund(grant, grant.amount, now);
-        }
-        state.wake_head();
-    }
-
-    /// Charges or refunds the difference between `actual` and what `grant`
-    /// reserved, under the lock: for a call that holds no slot. Only the
-    /// token bucket is brought up to date: catching the request bucket up
-    /// now or at its next use comes to the same level.
-    pub(super) fn settle(&self, grant: &Grant, actual: u64) {
-        if actual == grant.amount {
-            return;
-        }
-        let now = self.epoch.now();
-        let mut guard = self.state();
-        let state = &mut *guard;
-        if state.inflight.any() && state.inflight.apply(&self.posts, state.tokens.as_mut()) {
-            state.wake_head();
-        }
-        let Some(bucket) = &mut state.tokens else {
-            return;
-        };
-        if posts::settle(bucket, grant, actual, now) {
-            state.wake_head();
-        }
-    }
-
-    /// Posts the settlement of the call holding `slot` without the lock or
-    /// the clock (`None`: the reservation is kept); takes the lock only if a
-    /// call is queued, to apply it and let the head go.
-    pub(super) fn post(&self, slot: u8, actual: Option<u64>) {
-        if self.posts.post(slot, actual) {
-            let now = self.epoch.now();
-            self.state().catch_up(&self.posts, now);
-        }
-    }
-}
 
 /// The configuration and the state every clone of a layer and of its
 /// services shares.
@@ -470,14 +69,6 @@ impl Keys {
             .retain(|_, shared| Arc::strong_count(shared) > 1 || !shared.is_idle(now));
         self.sweep_at = self.map.len() + self.map.len().max(idle_keys);
     }
-}
-
-/// Where a call stands once it entered its key's queue.
-pub(super) enum Entered {
-    /// Admitted at once, with what it took.
-    Admitted(Taken),
-    /// Queued under this id.
-    Queued(u64),
 }
 
 impl Limiter {
@@ -540,9 +131,45 @@ impl Limiter {
         shared
     }
 
+    /// Admits `call` from its key's lock-free pool: its key and what it
+    /// drew. Otherwise its key and its tokens, for the lock to decide.
+    #[inline]
+    pub(super) fn draw(
+        &self,
+        call: &ModelCall,
+    ) -> Result<(Arc<KeyShared>, Drawn), (Arc<KeyShared>, u64)> {
+        let key = self.key_of(call);
+        let tokens = key.tokens(self.need(call));
+        match key.draw(tokens) {
+            Some(drawn) => Ok((key, drawn)),
+            None => Err((key, tokens)),
+        }
+    }
+
     /// The state of `call`'s key: the fixed key, the key function's, or the
     /// model.
+    #[inline]
     pub(super) fn key_of(&self, call: &ModelCall) -> Arc<KeyShared> {
+        if let (None, None, Some(first)) = (&self.fixed_key, &self.key_fn, self.first_of(call)) {
+            return first.clone();
+        }
+        self.key_of_any(call)
+    }
+
+    /// The first key, if `call`'s model name shares its storage.
+    #[inline]
+    fn first_of(&self, call: &ModelCall) -> Option<&Arc<KeyShared>> {
+        let name = self.first_name.get()?;
+        let (a, b) = (name.as_str(), call.request.model.as_str());
+        if std::ptr::eq(a, b) {
+            self.first.get()
+        } else {
+            None
+        }
+    }
+
+    #[inline(never)]
+    fn key_of_any(&self, call: &ModelCall) -> Arc<KeyShared> {
         if let Some(key) = &self.fixed_key {
             return self.key(key);
         }
@@ -553,14 +180,7 @@ impl Limiter {
     }
 
     /// The state of the key `model`.
-    #[inline]
     fn key_of_model(&self, model: &ModelName) -> Arc<KeyShared> {
-        if let (Some(first), Some(name)) = (self.first.get(), self.first_name.get()) {
-            let (a, b) = (name.as_str(), model.as_str());
-            if std::ptr::eq(a, b) {
-                return first.clone();
-            }
-        }
         let key = self.key(model);
         if self.first_name.get().is_none()
             && self
@@ -630,13 +250,4 @@ impl fmt::Debug for Limiter {
             .field("default_output_tokens", &self.default_output_tokens)
             .finish_non_exhaustive()
     }
-}
-
-/// What polling a waiter's place in the queue comes to.
-pub(super) enum Admit {
-    Admitted(Taken),
-    NotHead,
-    WaitUntil(Instant),
-    /// The entry is not queued (cannot happen while its waiter lives).
-    Gone,
 }

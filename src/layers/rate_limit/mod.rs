@@ -87,6 +87,16 @@
 //! held; once the inner service was called, the reservation is kept, as the
 //! inner service may have sent the request from `call`.
 //!
+//! # Ample capacity: no lock, no clock
+//!
+//! While nobody waits for a key, the whole requests and tokens its buckets
+//! hold are published where a call takes its share with one atomic
+//! compare-and-swap, and settles it the same way when its response
+//! arrives: no lock and no clock read. What was taken is charged to the
+//! buckets, as of that moment, the next time the key's lock is taken (when
+//! the published share runs short, or a call must wait): never more than
+//! the buckets would have admitted one call at a time.
+//!
 //! # Waiting: FIFO, bounded by `max_wait`
 //!
 //! Each key has one queue. A call is admitted when it is at the head and
@@ -140,10 +150,14 @@
 //! call would hold a permit.
 
 mod bucket;
+mod key;
 mod layer;
 mod limiter;
 mod limits;
 mod need;
+mod pool;
+#[cfg(test)]
+mod pool_tests;
 mod posts;
 mod remote;
 #[cfg(test)]
@@ -167,7 +181,8 @@ use tower::Service;
 use crate::error::BoxError;
 use crate::request::ModelCall;
 use crate::types::ModelResponse;
-use limiter::{Entered, KeyShared, Limiter};
+use key::{Entered, KeyShared};
+use limiter::Limiter;
 use ticket::{Arrival, Refused, Settlement, Ticket, Waiter};
 
 /// What `poll_ready` holds for the next call (with a fixed key).
@@ -281,7 +296,36 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, call: ModelCall) -> future::ResponseFuture<S> {
+        // An in-memory quota and nothing held from `poll_ready`: the path
+        // of most calls, kept apart so it stays short.
+        if let (Ok(limiter), Slot::Empty) = (&self.limiter, &self.slot) {
+            if limiter.remote.is_none() {
+                return match limiter.draw(&call) {
+                    // Ample capacity: drawn from the lock-free pool. Call
+                    // the service made ready right away.
+                    Ok((key, drawn)) => future::ResponseFuture::called(
+                        self.inner.call(call),
+                        Settlement::drawn(key, drawn),
+                    ),
+                    Err((key, tokens)) => self.call_locked(call, key, tokens),
+                };
+            }
+        }
+        self.call_held(call)
+    }
+}
+
+impl<S> ModelRateLimit<S>
+where
+    S: Service<ModelCall, Response = ModelResponse> + Clone,
+    S::Error: Into<BoxError>,
+{
+    /// `call` for a call with a store-backed quota, or holding what
+    /// `poll_ready` reserved, or with invalid limits.
+    #[inline(never)]
+    fn call_held(&mut self, call: ModelCall) -> future::ResponseFuture<S> {
         let limiter = match &self.limiter {
             Ok(limiter) => limiter,
             Err(message) => return future::ResponseFuture::invalid(message.clone()),
@@ -297,11 +341,6 @@ where
             let clone = self.inner.clone();
             let inner = std::mem::replace(&mut self.inner, clone);
             return future::ResponseFuture::remote(inner, call, wait);
-        }
-        if let Slot::Empty = self.slot {
-            // A key per request, nothing held from `poll_ready`: the path of
-            // most calls, kept apart so it stays short.
-            return self.call_now(call);
         }
         let (held, waited) = match &self.slot {
             Slot::Empty => (None, Duration::ZERO),
@@ -349,26 +388,25 @@ where
             }
         }
     }
-}
 
-impl<S> ModelRateLimit<S>
-where
-    S: Service<ModelCall, Response = ModelResponse> + Clone,
-    S::Error: Into<BoxError>,
-{
-    /// `call` with an in-memory quota and nothing held: reserves the
-    /// call's request and tokens at once.
-    #[inline]
-    fn call_now(&mut self, call: ModelCall) -> future::ResponseFuture<S> {
+    /// `call` with an in-memory quota and nothing held, when the lock-free
+    /// pool could not admit it: reserves `tokens` and the request under
+    /// `key`'s lock.
+    #[inline(never)]
+    fn call_locked(
+        &mut self,
+        call: ModelCall,
+        key: Arc<KeyShared>,
+        tokens: u64,
+    ) -> future::ResponseFuture<S> {
         let Ok(limiter) = &self.limiter else {
             unreachable!("checked by `call`")
         };
-        let key = limiter.key_of(&call);
         let max_wait = match call.context.remaining() {
             Some(left) => limiter.max_wait.min(left),
             None => limiter.max_wait,
         };
-        match key.enter_call(limiter.need(&call), max_wait) {
+        match key.enter_call(tokens, max_wait) {
             Ok(Entered::Admitted((_, tokens, slot))) => {
                 // Ample capacity: call the service made ready right away.
                 // The request slot is spent as the call goes out; only the

@@ -1,40 +1,85 @@
 //! A call's token need, and the memo of a history's text size that lets
 //! the default estimate skip measuring a history it measured already.
 
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
 use crate::types::History;
 
 /// A history's text size, by the `(lineage, len)` that fix its messages.
-#[derive(Clone, Copy)]
+///
+/// Read and written without a lock: a sequence number, odd while a writer
+/// writes, tells a reader whether what it read is one writer's whole
+/// entry. A reader that finds it torn (or a writer that finds another one
+/// writing) measures the history itself.
 pub(super) struct TextMemo {
-    lineage: u64,
-    len: usize,
-    text_len: u64,
+    seq: AtomicU64,
+    lineage: AtomicU64,
+    len: AtomicU64,
+    text_len: AtomicU64,
 }
 
 impl TextMemo {
-    pub(super) const EMPTY: Self = Self {
-        lineage: 0,
-        len: usize::MAX,
-        text_len: 0,
-    };
+    pub(super) fn new() -> Self {
+        Self {
+            seq: AtomicU64::new(0),
+            lineage: AtomicU64::new(0),
+            len: AtomicU64::new(u64::MAX),
+            text_len: AtomicU64::new(0),
+        }
+    }
 
     /// The tokens `need` comes to, measuring the history only when it is
     /// not the one remembered.
     #[inline]
-    pub(super) fn tokens(&mut self, need: Need<'_>) -> u64 {
+    pub(super) fn tokens(&self, need: Need<'_>) -> u64 {
         let (messages, output) = match need {
             Need::Tokens(tokens) => return tokens,
             Need::Text { messages, output } => (messages, output),
         };
-        let (lineage, len) = (messages.lineage(), messages.len());
-        if self.lineage != lineage || self.len != len {
-            *self = TextMemo {
-                lineage,
-                len,
-                text_len: messages.text_len(),
-            };
+        let (lineage, len) = (messages.lineage(), messages.len() as u64);
+        let text_len = match self.get(lineage, len) {
+            Some(text_len) => text_len,
+            None => {
+                let text_len = messages.text_len();
+                self.set(lineage, len, text_len);
+                text_len
+            }
+        };
+        text_len.div_ceil(4).saturating_add(output)
+    }
+
+    #[inline]
+    fn get(&self, lineage: u64, len: u64) -> Option<u64> {
+        let seq = self.seq.load(Ordering::Acquire);
+        if seq & 1 == 1 {
+            return None;
         }
-        self.text_len.div_ceil(4).saturating_add(output)
+        let found = (
+            self.lineage.load(Ordering::Relaxed),
+            self.len.load(Ordering::Relaxed),
+            self.text_len.load(Ordering::Relaxed),
+        );
+        fence(Ordering::Acquire);
+        let whole = self.seq.load(Ordering::Relaxed) == seq;
+        (whole && found.0 == lineage && found.1 == len).then_some(found.2)
+    }
+
+    fn set(&self, lineage: u64, len: u64, text_len: u64) {
+        let seq = self.seq.load(Ordering::Relaxed);
+        if seq & 1 == 1
+            || self
+                .seq
+                .compare_exchange(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            // Another writer writes: its entry will do.
+            return;
+        }
+        fence(Ordering::Release);
+        self.lineage.store(lineage, Ordering::Relaxed);
+        self.len.store(len, Ordering::Relaxed);
+        self.text_len.store(text_len, Ordering::Relaxed);
+        self.seq.store(seq + 2, Ordering::Release);
     }
 }
 
@@ -63,7 +108,7 @@ mod tests {
 
     #[test]
     fn the_memo_measures_a_history_again_once_it_changed() {
-        let mut memo = TextMemo::EMPTY;
+        let memo = TextMemo::new();
         let mut history = History::from(vec![Message::user("x".repeat(40))]);
         assert_eq!(memo.tokens(text(&history)), 10 + 5);
         let earlier = history.clone();

@@ -13,7 +13,8 @@ use std::time::Duration;
 use tokio::time::Sleep;
 
 use super::bucket::Grant;
-use super::limiter::{Admit, Entered, KeyShared, Need, Taken};
+use super::key::{Admit, Entered, KeyShared, Taken};
+use super::pool::Drawn;
 
 /// A call refused on arrival: it would wait longer than it may.
 pub(super) struct Refused {
@@ -44,7 +45,7 @@ impl KeyShared {
         tokens: u64,
         max_wait: Duration,
     ) -> Result<Arrival, Refused> {
-        match self.enter(requests, Need::Tokens(tokens), max_wait) {
+        match self.enter(requests, tokens, max_wait) {
             Ok(Entered::Admitted(taken)) => Ok(Arrival::Admitted(Ticket::new(self, taken))),
             Ok(Entered::Queued(id)) => Ok(Arrival::Queued(Waiter::new(self, id))),
             Err(retry_after) => Err(Refused {
@@ -196,14 +197,21 @@ pub(super) struct Settlement {
 }
 
 /// What a [`Settlement`] still has to do.
-#[derive(Clone, Copy)]
 enum Pending {
     /// Nothing: no token limit, or settled already.
     Settled,
     /// Post the outcome in this slot (the key keeps the grant).
-    Posted(u8),
-    /// Settle this grant under the key's lock (no slot was free).
-    Locked(Grant),
+    Posted {
+        slot: u8,
+        /// What the grant reserved: a settlement beyond it is applied at
+        /// once, before the lock-free pool admits anyone on top of it.
+        reserved: u64,
+    },
+    /// Settle this grant under the key's lock (no slot was free). Boxed:
+    /// every settlement moves with its response future, and this is rare.
+    Locked(Box<Grant>),
+    /// Settle what was drawn from the lock-free pool.
+    Drawn(Drawn),
 }
 
 impl Settlement {
@@ -212,28 +220,59 @@ impl Settlement {
     #[inline]
     pub(super) fn new(shared: Arc<KeyShared>, tokens: Option<Grant>, slot: Option<u8>) -> Self {
         let pending = match (tokens, slot) {
-            (Some(_), Some(slot)) => Pending::Posted(slot),
-            (Some(grant), None) => Pending::Locked(grant),
+            (Some(grant), Some(slot)) => Pending::Posted {
+                slot,
+                reserved: grant.amount,
+            },
+            (Some(grant), None) => Pending::Locked(Box::new(grant)),
             (None, _) => Pending::Settled,
         };
         Self { shared, pending }
     }
 
+    /// What a call admitted from the lock-free pool settles once sent.
+    #[inline]
+    pub(super) fn drawn(shared: Arc<KeyShared>, drawn: Drawn) -> Self {
+        Self {
+            shared,
+            pending: Pending::Drawn(drawn),
+        }
+    }
+
     /// Charges the difference between the real token count and the
     /// reservation, or refunds it. Once: the tokens are then settled.
+    #[inline]
     pub(super) fn settle(&mut self, actual_tokens: u64) {
+        // Drawn from the lock-free pool: the path of most calls, inlined.
+        if let Pending::Drawn(drawn) = self.pending {
+            self.pending = Pending::Settled;
+            self.shared.settle_drawn(drawn, Some(actual_tokens));
+            return;
+        }
+        self.settle_locked(actual_tokens);
+    }
+
+    #[inline(never)]
+    fn settle_locked(&mut self, actual_tokens: u64) {
         match std::mem::replace(&mut self.pending, Pending::Settled) {
-            Pending::Posted(slot) => self.shared.post(slot, Some(actual_tokens)),
+            Pending::Posted { slot, reserved } => {
+                self.shared
+                    .post(slot, Some(actual_tokens), actual_tokens > reserved);
+            }
             Pending::Locked(grant) => self.shared.settle(&grant, actual_tokens),
+            Pending::Drawn(drawn) => self.shared.settle_drawn(drawn, Some(actual_tokens)),
             Pending::Settled => {}
         }
     }
 }
 
 impl Drop for Settlement {
+    #[inline]
     fn drop(&mut self) {
-        if let Pending::Posted(slot) = self.pending {
-            self.shared.post(slot, None);
+        match self.pending {
+            Pending::Settled | Pending::Locked(_) => {}
+            Pending::Posted { slot, .. } => self.shared.post(slot, None, false),
+            Pending::Drawn(drawn) => self.shared.settle_drawn(drawn, None),
         }
     }
 }
@@ -242,8 +281,9 @@ impl fmt::Debug for Settlement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let pending = match self.pending {
             Pending::Settled => "settled",
-            Pending::Posted(_) => "posted",
+            Pending::Posted { .. } => "posted",
             Pending::Locked(_) => "locked",
+            Pending::Drawn(_) => "drawn",
         };
         f.debug_struct("Settlement")
             .field("key", &self.shared.key())
