@@ -68,6 +68,37 @@ fn millis(started: Option<Instant>) -> Option<f64> {
     started.map(|s| s.elapsed().as_micros() as f64 / 1000.0)
 }
 
+/// What an observer keeps for `tracing`: its span and its clock, on the
+/// heap, and only when a subscriber wants either. Every suspended run holds
+/// two observers; without a subscriber they hold a null pointer each.
+struct Traced {
+    span: Span,
+    started: Option<Instant>,
+}
+
+/// The span of observers that keep none.
+static NO_SPAN: Span = Span::none();
+
+impl Traced {
+    fn keep(span: Span) -> Option<Box<Traced>> {
+        let started = clock();
+        if span.is_none() && started.is_none() {
+            return None;
+        }
+        Some(Box::new(Traced { span, started }))
+    }
+}
+
+/// The span of `traced`, or the empty one.
+fn span_of(traced: &Option<Box<Traced>>) -> &Span {
+    traced.as_ref().map_or(&NO_SPAN, |t| &t.span)
+}
+
+/// When the observed thing started, if anyone reads how long it took.
+fn started_of(traced: &Option<Box<Traced>>) -> Option<Instant> {
+    traced.as_ref().and_then(|t| t.started)
+}
+
 /// A model name, unless empty (the service picks the model).
 fn named(model: &ModelName) -> Option<&str> {
     (!model.is_empty()).then(|| model.as_str())
@@ -86,8 +117,7 @@ fn dropped_code() -> &'static str {
 pub(super) struct RunObserver<'a> {
     ctx: &'a RunContext,
     agent: &'a Arc<str>,
-    span: Span,
-    started: Option<Instant>,
+    traced: Option<Box<Traced>>,
     open: bool,
 }
 
@@ -120,15 +150,14 @@ impl<'a> RunObserver<'a> {
         Self {
             ctx,
             agent,
-            span,
-            started: clock(),
+            traced: Traced::keep(span),
             open: true,
         }
     }
 
     /// The run's span.
     pub(super) fn span(&self) -> &Span {
-        &self.span
+        span_of(&self.traced)
     }
 
     /// Says how the run ended.
@@ -145,7 +174,7 @@ impl<'a> RunObserver<'a> {
                 });
                 tracing::info!(
                     target: TARGET,
-                    parent: &self.span,
+                    parent: self.span(),
                     {
                         "gen_ai.agent.name" = %self.agent,
                         run_id = %run.run_id,
@@ -154,7 +183,7 @@ impl<'a> RunObserver<'a> {
                         tool_calls = run.counters.tool_calls,
                         "gen_ai.usage.input_tokens" = run.usage.input_tokens,
                         "gen_ai.usage.output_tokens" = run.usage.output_tokens,
-                        duration_ms = millis(self.started),
+                        duration_ms = millis(started_of(&self.traced)),
                     },
                     "run completed"
                 );
@@ -174,7 +203,7 @@ impl<'a> RunObserver<'a> {
         });
         tracing::warn!(
             target: TARGET,
-            parent: &self.span,
+            parent: self.span(),
             {
                 "gen_ai.agent.name" = %self.agent,
                 run_id = %ctx.run_id(),
@@ -183,7 +212,7 @@ impl<'a> RunObserver<'a> {
                 error = err.map(field::display),
                 "gen_ai.usage.input_tokens" = usage.input_tokens,
                 "gen_ai.usage.output_tokens" = usage.output_tokens,
-                duration_ms = millis(self.started),
+                duration_ms = millis(started_of(&self.traced)),
             },
             "run failed"
         );
@@ -203,8 +232,7 @@ pub(super) struct ModelCallObserver<'a> {
     ctx: &'a RunContext,
     turn: u32,
     model: &'a ModelName,
-    span: Span,
-    started: Option<Instant>,
+    traced: Option<Box<Traced>>,
     open: bool,
 }
 
@@ -244,20 +272,22 @@ impl<'a> ModelCallObserver<'a> {
             ctx,
             turn,
             model,
-            span,
-            started: clock(),
+            traced: Traced::keep(span),
             open: true,
         }
     }
 
     /// The call's span.
     pub(super) fn span(&self) -> &Span {
-        &self.span
+        span_of(&self.traced)
     }
 
     /// Records what came back on the span.
     pub(super) fn record(&self, response: &ModelResponse) {
-        let span = &self.span;
+        let Some(traced) = &self.traced else {
+            return;
+        };
+        let span = &traced.span;
         span.record("gen_ai.response.model", response.model.as_str());
         span.record("gen_ai.usage.input_tokens", response.usage.input_tokens);
         span.record("gen_ai.usage.output_tokens", response.usage.output_tokens);
@@ -281,7 +311,7 @@ impl<'a> ModelCallObserver<'a> {
         });
         tracing::info!(
             target: TARGET,
-            parent: &self.span,
+            parent: self.span(),
             {
                 "gen_ai.request.model" = named(self.model),
                 "gen_ai.response.model" = %response.model,
@@ -289,7 +319,7 @@ impl<'a> ModelCallObserver<'a> {
                 "gen_ai.usage.output_tokens" = response.usage.output_tokens,
                 "gen_ai.response.finish_reasons" = ?response.finish_reason,
                 turn = self.turn,
-                duration_ms = millis(self.started),
+                duration_ms = millis(started_of(&self.traced)),
             },
             "model call completed"
         );
@@ -313,13 +343,13 @@ impl<'a> ModelCallObserver<'a> {
         });
         tracing::warn!(
             target: TARGET,
-            parent: &self.span,
+            parent: self.span(),
             {
                 "gen_ai.request.model" = named(self.model),
                 turn = self.turn,
                 "error.type" = code,
                 error = err.map(field::display),
-                duration_ms = millis(self.started),
+                duration_ms = millis(started_of(&self.traced)),
             },
             "model call failed"
         );
