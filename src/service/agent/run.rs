@@ -213,11 +213,13 @@ impl Run {
                 .first()
                 .is_some_and(|m| m.role == Role::System && m.text() == instructions.as_str());
             if messages.is_empty() {
-                // Room for the prompt and the input: a run waiting on its
-                // first answer holds no room for it.
-                let mut first = Vec::with_capacity(2);
-                first.push(Message::system(instructions.as_str()));
-                *messages = History::from(first);
+                // The agent's prompt, shared by all its runs, then room for
+                // the input: a run waiting on its first answer holds no room
+                // for it.
+                *messages = match &self.config.prompt {
+                    Some(prompt) => History::continuing(prompt, Vec::with_capacity(1)),
+                    None => History::from(vec![Message::system(instructions.as_str())]),
+                };
             } else if !starts_with_prompt {
                 messages
                     .to_mut()
