@@ -79,14 +79,16 @@ struct Inner {
     /// The run's id: given, or drawn when first asked for (a run waiting on
     /// its model holds no room for its text).
     run_id: OnceLock<Arc<str>>,
-    thread_id: Option<Arc<str>>,
+    /// The thread and the deadline: set when the root context is made, and
+    /// shared with its nested runs' contexts. Most runs have neither, and
+    /// hold a null pointer.
+    fixed: Option<Arc<Fixed>>,
     parent: Option<RunContext>,
     iteration: AtomicU32,
     /// The caller's token, a child of the parent run's, or one made when
     /// first needed: a root run that nobody cancels, and that nests no run,
     /// never makes one (see [`CancelWatch`]).
     cancel: OnceLock<CancellationToken>,
-    deadline: Option<Deadline>,
     state: Mutex<http::Extensions>,
     /// The agent's name, the hook points, the ledger and the rare parts.
     shared: Mutex<Shared>,
@@ -119,6 +121,12 @@ struct Shared {
     /// The task of the one [`CancelWatch`] that waits for a cancellation
     /// while the run has no token: [`RunContext::cancel`] wakes it.
     waiter: Option<Waker>,
+}
+
+/// What a root context is made with that its nested runs keep.
+struct Fixed {
+    thread_id: Option<Arc<str>>,
+    deadline: Option<Deadline>,
 }
 
 /// When the run must be done, and when the root run's context was made:
@@ -210,11 +218,10 @@ impl RunContext {
         RunContext {
             inner: Arc::new(Inner {
                 run_id: OnceLock::new(),
-                thread_id: self.inner.thread_id.clone(),
+                fixed: self.inner.fixed.clone(),
                 parent: Some(self.clone()),
                 iteration: AtomicU32::new(0),
                 cancel: OnceLock::from(self.token().child_token()),
-                deadline: self.inner.deadline,
                 state: Mutex::default(),
                 prices: self
                     .inner
@@ -241,7 +248,7 @@ impl RunContext {
 
     /// The thread (conversation) the run belongs to, if any.
     pub fn thread_id(&self) -> Option<&str> {
-        self.inner.thread_id.as_deref()
+        self.inner.fixed.as_ref()?.thread_id.as_deref()
     }
 
     /// The parent run's context, for a nested run.
@@ -343,7 +350,7 @@ impl RunContext {
 
     /// When the run must be done, if a deadline was set.
     pub fn deadline(&self) -> Option<Instant> {
-        self.inner.deadline.map(|d| d.at)
+        self.deadline_state().map(|d| d.at)
     }
 
     /// `fut`, unless the run is cancelled or reaches its deadline first:
@@ -359,9 +366,12 @@ impl RunContext {
     /// How long since the root run's context was made (zero for a run
     /// without a deadline, whose start is not kept).
     pub(crate) fn elapsed(&self) -> Duration {
-        self.inner
-            .deadline
+        self.deadline_state()
             .map_or(Duration::ZERO, |d| d.started.elapsed())
+    }
+
+    fn deadline_state(&self) -> Option<Deadline> {
+        self.inner.fixed.as_ref()?.deadline
     }
 
     /// The time left to the deadline (zero once passed), if one was set.
@@ -816,14 +826,18 @@ impl RunContextBuilder {
         RunContext {
             inner: Arc::new(Inner {
                 run_id: self.run_id.map_or_else(OnceLock::new, OnceLock::from),
-                thread_id: self.thread_id,
+                fixed: (self.thread_id.is_some() || self.deadline.is_some()).then(|| {
+                    Arc::new(Fixed {
+                        thread_id: self.thread_id,
+                        deadline: self.deadline.map(|at| Deadline {
+                            at,
+                            started: Instant::now(),
+                        }),
+                    })
+                }),
                 parent: None,
                 iteration: AtomicU32::new(0),
                 cancel: self.cancel.map_or_else(OnceLock::new, OnceLock::from),
-                deadline: self.deadline.map(|at| Deadline {
-                    at,
-                    started: Instant::now(),
-                }),
                 state: Mutex::new(self.state),
                 prices: OnceLock::new(),
                 events: self.events.unwrap_or_else(noop_sink),
