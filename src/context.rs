@@ -892,6 +892,11 @@ impl<'a> Guard<'a> {
         }
     }
 
+    /// The context of the run it guards.
+    pub(crate) fn ctx(&self) -> &'a RunContext {
+        self.ctx
+    }
+
     /// `work`, unless the run is cancelled or reached its deadline: then
     /// [`AgentError::Cancelled`] or [`AgentError::Timeout`].
     pub(crate) fn poll<T>(

@@ -282,6 +282,11 @@ impl<'a> ModelCallObserver<'a> {
         span_of(&self.traced)
     }
 
+    /// The turn of the call.
+    pub(super) fn turn(&self) -> u32 {
+        self.turn
+    }
+
     /// Records what came back on the span.
     pub(super) fn record(&self, response: &ModelResponse) {
         let Some(traced) = &self.traced else {

@@ -56,8 +56,9 @@ async fn observed(
         ctx: &ctx,
         observer: Some(observer),
         opened,
-        fut: proceed(start),
-        closing: None,
+        stage: Stage::Running {
+            fut: proceed(start),
+        },
     }
     .await
 }
@@ -71,8 +72,21 @@ pin_project! {
         observer: Option<RunObserver<'a>>,
         opened: Option<Arc<dyn HookPort>>,
         #[pin]
-        fut: F,
-        closing: Option<BoxFuture<'a, Result<AgentRun, AgentError>>>,
+        stage: Stage<'a, F>,
+    }
+}
+
+pin_project! {
+    /// The run, then the hooks that close it: one in the room of the other.
+    #[project = StageProj]
+    enum Stage<'a, F> {
+        Running {
+            #[pin]
+            fut: F,
+        },
+        Closing {
+            fut: BoxFuture<'a, Result<AgentRun, AgentError>>,
+        },
     }
 }
 
@@ -83,17 +97,18 @@ where
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        if let Some(closing) = this.closing {
-            return closing.as_mut().poll(cx);
-        }
+        let mut this = self.project();
+        let fut = match this.stage.as_mut().project() {
+            StageProj::Closing { fut } => return fut.as_mut().poll(cx),
+            StageProj::Running { fut } => fut,
+        };
         let observer = this
             .observer
             .as_ref()
             .expect("Observed polled after it completed");
         let result = {
             let _entered = observer.span().enter();
-            ready!(this.fut.poll(cx))
+            ready!(fut.poll(cx))
         };
         if let Some(observer) = this.observer.take() {
             observer.close(&result);
@@ -105,14 +120,19 @@ where
         let ctx: &'a RunContext = this.ctx;
         match this.opened.take() {
             Some(hooks) if !ctx.is_bracketed() => {
-                let closing = this.closing.insert(Box::pin(async move {
+                let mut closing: BoxFuture<'a, _> = Box::pin(async move {
                     if let Err(err) = &result {
                         let _ = hooks.on_error(ctx, err).await;
                     }
                     let _ = hooks.after_agent(ctx, RunOutcome::of(&result)).await;
                     result
-                }));
-                closing.as_mut().poll(cx)
+                });
+                let polled = closing.as_mut().poll(cx);
+                if polled.is_pending() {
+                    // The run's future, done, gives its room to the hooks'.
+                    this.stage.set(Stage::Closing { fut: closing });
+                }
+                polled
             }
             _ => Poll::Ready(result),
         }
@@ -438,13 +458,11 @@ impl Run {
             guard: Guard::new(ctx),
             model: self.model.get_or_insert_with(|| config.model.clone()),
             config,
-            ctx,
             messages: &mut self.messages,
             stream: &self.stream,
             extensions: &self.extensions,
             observer: Some(observer),
             called: None,
-            turn,
         })
     }
 
@@ -538,14 +556,12 @@ pub(super) struct BareTurn<'a> {
     guard: Guard<'a>,
     model: &'a mut BoxModel,
     config: &'a Config,
-    ctx: &'a RunContext,
     messages: &'a mut History,
     stream: &'a Option<DeltaSink>,
     extensions: &'a http::Extensions,
-    /// Taken when the turn ends.
+    /// Taken when the turn ends; it knows the turn.
     observer: Option<ModelCallObserver<'a>>,
     called: Option<<BoxModel as Service<ModelCall>>::Future>,
-    turn: u32,
 }
 
 impl Future for BareTurn<'_> {
@@ -558,7 +574,7 @@ impl Future for BareTurn<'_> {
             .as_ref()
             .expect("BareTurn polled after it completed");
         let (model, called) = (&mut *this.model, &mut this.called);
-        let (config, ctx, messages) = (this.config, this.ctx, &*this.messages);
+        let (config, ctx, messages) = (this.config, this.guard.ctx(), &*this.messages);
         let (stream, extensions) = (this.stream, this.extensions);
         let answer = ready!(this.guard.poll(cx, |cx| {
             let _entered = observer.span().enter();
@@ -576,6 +592,7 @@ impl Future for BareTurn<'_> {
         // appended in place.
         this.called = None;
         let observer = this.observer.take().expect("checked above");
+        let turn = observer.turn();
         let mut response = match answer {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => {
@@ -594,11 +611,7 @@ impl Future for BareTurn<'_> {
         }
         observer.record(&response);
         observer.completed(&response);
-        Poll::Ready(Ok(append_answer(
-            this.messages,
-            this.turn,
-            response.message,
-        )))
+        Poll::Ready(Ok(append_answer(this.messages, turn, response.message)))
     }
 }
 
