@@ -885,7 +885,7 @@ impl<'a> Guard<'a> {
     pub(crate) fn new(ctx: &'a RunContext) -> Self {
         Self {
             ctx,
-            cancelled: CancelWatch::new(ctx),
+            cancelled: CancelWatch::new(),
             deadline: ctx
                 .deadline()
                 .map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
@@ -921,7 +921,7 @@ impl<'a> Guard<'a> {
         if let Poll::Ready(out) = work(cx) {
             return Poll::Ready(Ok(out));
         }
-        if self.cancelled.poll(cx).is_ready() {
+        if self.cancelled.poll(self.ctx, cx).is_ready() {
             return Poll::Ready(Err(AgentError::Cancelled));
         }
         Poll::Pending
@@ -933,8 +933,10 @@ impl<'a> Guard<'a> {
 /// as the context's one waiter, woken by [`RunContext::cancel`] or by the
 /// token's making, whichever comes first. A second watch waiting beside
 /// the first makes the token, and both wait on it.
+///
+/// It borrows the context its [`Guard`] holds, which it is given at each
+/// poll and when the guard is dropped.
 pub(crate) struct CancelWatch<'a> {
-    ctx: &'a RunContext,
     /// Registered as the context's waiter.
     registered: bool,
     /// Waiting on the token.
@@ -942,21 +944,20 @@ pub(crate) struct CancelWatch<'a> {
 }
 
 impl<'a> CancelWatch<'a> {
-    pub(crate) fn new(ctx: &'a RunContext) -> Self {
+    pub(crate) fn new() -> Self {
         Self {
-            ctx,
             registered: false,
             waiting: None,
         }
     }
 
     /// Ready once the run is cancelled; otherwise the task is woken then.
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(crate) fn poll(&mut self, ctx: &'a RunContext, cx: &mut Context<'_>) -> Poll<()> {
         if let Some(waiting) = &mut self.waiting {
             return waiting.as_mut().poll(cx);
         }
-        let inner = &self.ctx.inner;
-        let mut shared = self.ctx.shared();
+        let inner = &ctx.inner;
+        let mut shared = ctx.shared();
         // Read under the lock the token's maker takes the waiter with.
         if inner.cancel.get().is_none() {
             match &mut shared.waiter {
@@ -977,20 +978,27 @@ impl<'a> CancelWatch<'a> {
         }
         drop(shared);
         self.registered = false;
-        let waiting = self.waiting.insert(Box::pin(self.ctx.token().cancelled()));
+        let waiting = self.waiting.insert(Box::pin(ctx.token().cancelled()));
         waiting.as_mut().poll(cx)
     }
 }
 
-impl Drop for CancelWatch<'_> {
-    fn drop(&mut self) {
+impl CancelWatch<'_> {
+    /// Gives up the context's waiter, if this watch is it.
+    fn release(&mut self, ctx: &RunContext) {
         if self.registered {
-            let mut shared = self.ctx.shared();
+            let mut shared = ctx.shared();
             // Once the token is made, the waiter's room is no watch's.
-            if self.ctx.inner.cancel.get().is_none() {
+            if ctx.inner.cancel.get().is_none() {
                 shared.waiter = None;
             }
         }
+    }
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        self.cancelled.release(self.ctx);
     }
 }
 
