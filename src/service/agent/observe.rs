@@ -114,16 +114,17 @@ fn dropped_code() -> &'static str {
 }
 
 /// Brackets a run: `RunStarted` … `RunCompleted`.
-pub(super) struct RunObserver<'a> {
-    ctx: &'a RunContext,
-    agent: &'a Arc<str>,
+///
+/// It keeps no reference to the run: its holder passes the run's context
+/// and agent name, and, if the run ends without a result (its future
+/// dropped), calls [`dropped`](Self::dropped).
+pub(super) struct RunObserver {
     traced: Option<Box<Traced>>,
-    open: bool,
 }
 
-impl<'a> RunObserver<'a> {
+impl RunObserver {
     /// Opens the run's `invoke_agent` span and says the run started.
-    pub(super) fn open(ctx: &'a RunContext, agent: &'a Arc<str>) -> Self {
+    pub(super) fn open(ctx: &RunContext, agent: &Arc<str>) -> Self {
         let span = tracing::info_span!(
             "invoke_agent",
             "gen_ai.operation.name" = "invoke_agent",
@@ -148,10 +149,7 @@ impl<'a> RunObserver<'a> {
             "run started"
         );
         Self {
-            ctx,
-            agent,
             traced: Traced::keep(span),
-            open: true,
         }
     }
 
@@ -161,11 +159,14 @@ impl<'a> RunObserver<'a> {
     }
 
     /// Says how the run ended.
-    pub(super) fn close(mut self, result: &Result<AgentRun, AgentError>) {
-        self.open = false;
+    pub(super) fn close(
+        self,
+        ctx: &RunContext,
+        agent: &Arc<str>,
+        result: &Result<AgentRun, AgentError>,
+    ) {
         match result {
             Ok(run) => {
-                let ctx = self.ctx;
                 ctx.emit(|| AgentEvent::RunCompleted {
                     run_id: run.run_id.clone(),
                     status: run.status.as_str(),
@@ -176,7 +177,7 @@ impl<'a> RunObserver<'a> {
                     target: TARGET,
                     parent: self.span(),
                     {
-                        "gen_ai.agent.name" = %self.agent,
+                        "gen_ai.agent.name" = %agent,
                         run_id = %run.run_id,
                         status = run.status.as_str(),
                         turns = run.counters.turns,
@@ -188,12 +189,23 @@ impl<'a> RunObserver<'a> {
                     "run completed"
                 );
             }
-            Err(err) => self.failed(err.code(), Some(err)),
+            Err(err) => self.failed(ctx, agent, err.code(), Some(err)),
         }
     }
 
-    fn failed(&self, code: &'static str, err: Option<&AgentError>) {
-        let ctx = self.ctx;
+    /// Says the run ended without a result: cancelled, or failed while a
+    /// panic unwinds.
+    pub(super) fn dropped(self, ctx: &RunContext, agent: &Arc<str>) {
+        self.failed(ctx, agent, dropped_code(), None);
+    }
+
+    fn failed(
+        &self,
+        ctx: &RunContext,
+        agent: &Arc<str>,
+        code: &'static str,
+        err: Option<&AgentError>,
+    ) {
         let usage = ctx.usage();
         ctx.emit(|| AgentEvent::RunCompleted {
             run_id: ctx.run_id().clone(),
@@ -205,7 +217,7 @@ impl<'a> RunObserver<'a> {
             target: TARGET,
             parent: self.span(),
             {
-                "gen_ai.agent.name" = %self.agent,
+                "gen_ai.agent.name" = %agent,
                 run_id = %ctx.run_id(),
                 status = "failed",
                 "error.type" = code,
@@ -216,14 +228,6 @@ impl<'a> RunObserver<'a> {
             },
             "run failed"
         );
-    }
-}
-
-impl Drop for RunObserver<'_> {
-    fn drop(&mut self) {
-        if self.open {
-            self.failed(dropped_code(), None);
-        }
     }
 }
 

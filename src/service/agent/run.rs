@@ -37,60 +37,77 @@ pub(super) fn run(
     let ctx = request.context.clone();
     let start: BoxFuture<'static, Result<Started, AgentError>> =
         Box::pin(start(config.clone(), request));
-    observed(config, ctx, start)
-}
-
-async fn observed(
-    config: Arc<Config>,
-    ctx: RunContext,
-    start: BoxFuture<'static, Result<Started, AgentError>>,
-) -> Result<AgentRun, AgentError> {
-    ctx.set_agent_name(&config.name);
-    let observer = RunObserver::open(&ctx, &config.name);
-    // The hooks that open the run close it, even if a handoff changed
-    // those installed since.
-    let opened = installed(&ctx);
-    // Awaited last: the run's result is handed on, never kept beside the
-    // turns' future.
     Observed {
-        ctx: &ctx,
-        observer: Some(observer),
-        opened,
+        ctx,
+        config,
+        begun: false,
+        observer: None,
+        opened: None,
         stage: Stage::Running {
             fut: proceed(start),
         },
     }
-    .await
 }
 
 pin_project! {
     /// The run, polled inside its observer's span; once it ends, the
     /// observer closes and, when no lifecycle layer brackets the run, the
-    /// hooks that opened it close it.
-    struct Observed<'a, F> {
-        ctx: &'a RunContext,
-        observer: Option<RunObserver<'a>>,
+    /// hooks that opened it close it. The observer opens at the first poll.
+    struct Observed<F> {
+        ctx: RunContext,
+        config: Arc<Config>,
+        begun: bool,
+        observer: Option<RunObserver>,
+        // The hooks that open the run close it, even if a handoff changed
+        // those installed since.
         opened: Option<Arc<dyn HookPort>>,
         #[pin]
-        stage: Stage<'a, F>,
+        stage: Stage<F>,
+    }
+
+    impl<F> PinnedDrop for Observed<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(observer) = this.observer.take() {
+                observer.dropped(this.ctx, &this.config.name);
+            }
+        }
+    }
+}
+
+/// Closes the run's observer if the run's poll panics, as the run fails
+/// (`INTERNAL`), rather than later, when the caller drops the future.
+struct OnUnwind<'a> {
+    observer: &'a mut Option<RunObserver>,
+    ctx: &'a RunContext,
+    agent: &'a Arc<str>,
+}
+
+impl Drop for OnUnwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(observer) = self.observer.take() {
+                observer.dropped(self.ctx, self.agent);
+            }
+        }
     }
 }
 
 pin_project! {
     /// The run, then the hooks that close it: one in the room of the other.
     #[project = StageProj]
-    enum Stage<'a, F> {
+    enum Stage<F> {
         Running {
             #[pin]
             fut: F,
         },
         Closing {
-            fut: BoxFuture<'a, Result<AgentRun, AgentError>>,
+            fut: BoxFuture<'static, Result<AgentRun, AgentError>>,
         },
     }
 }
 
-impl<'a, F> Future for Observed<'a, F>
+impl<F> Future for Observed<F>
 where
     F: Future<Output = Result<AgentRun, AgentError>>,
 {
@@ -102,29 +119,42 @@ where
             StageProj::Closing { fut } => return fut.as_mut().poll(cx),
             StageProj::Running { fut } => fut,
         };
-        let observer = this
-            .observer
-            .as_ref()
-            .expect("Observed polled after it completed");
+        let ctx: &RunContext = this.ctx;
+        let agent = &this.config.name;
+        if !*this.begun {
+            *this.begun = true;
+            ctx.set_agent_name(agent);
+            *this.observer = Some(RunObserver::open(ctx, agent));
+            *this.opened = installed(ctx);
+        }
         let result = {
+            let unwinding = OnUnwind {
+                observer: &mut *this.observer,
+                ctx,
+                agent,
+            };
+            let observer = unwinding
+                .observer
+                .as_ref()
+                .expect("Observed polled after it completed");
             let _entered = observer.span().enter();
             ready!(fut.poll(cx))
         };
         if let Some(observer) = this.observer.take() {
-            observer.close(&result);
+            observer.close(ctx, agent, &result);
         }
         // A lifecycle layer that brackets the run closes it itself, with the
         // result its caller gets; otherwise (a nested run that inherited its
         // parent's hooks) the loop does. Errors of these hooks cannot change
         // the result: the stack logs them.
-        let ctx: &'a RunContext = this.ctx;
         match this.opened.take() {
             Some(hooks) if !ctx.is_bracketed() => {
-                let mut closing: BoxFuture<'a, _> = Box::pin(async move {
+                let ctx = ctx.clone();
+                let mut closing: BoxFuture<'static, _> = Box::pin(async move {
                     if let Err(err) = &result {
-                        let _ = hooks.on_error(ctx, err).await;
+                        let _ = hooks.on_error(&ctx, err).await;
                     }
-                    let _ = hooks.after_agent(ctx, RunOutcome::of(&result)).await;
+                    let _ = hooks.after_agent(&ctx, RunOutcome::of(&result)).await;
                     result
                 });
                 let polled = closing.as_mut().poll(cx);
