@@ -79,9 +79,9 @@ struct Inner {
     /// The run's id: given, or drawn when first asked for (a run waiting on
     /// its model holds no room for its text).
     run_id: OnceLock<Arc<str>>,
-    /// The thread and the deadline: set when the root context is made, and
-    /// shared with its nested runs' contexts. Most runs have neither, and
-    /// hold a null pointer.
+    /// The thread, the deadline and the event sink: set when the root
+    /// context is made, and shared with its nested runs' contexts. Most runs
+    /// have none of them, and hold a null pointer.
     fixed: Option<Arc<Fixed>>,
     parent: Option<RunContext>,
     iteration: AtomicU32,
@@ -93,7 +93,6 @@ struct Inner {
     /// The agent's name, the hook points, the ledger and the rare parts.
     shared: Mutex<Shared>,
     prices: OnceLock<Arc<PriceTable>>,
-    events: Arc<dyn EventSink>,
     /// Set when a middleware of this run, or of a run it is nested in,
     /// failed in this run or below: such an error fails this run too.
     hook_failed: AtomicBool,
@@ -127,6 +126,7 @@ struct Shared {
 struct Fixed {
     thread_id: Option<Arc<str>>,
     deadline: Option<Deadline>,
+    events: Option<Arc<dyn EventSink>>,
 }
 
 /// When the run must be done, and when the root run's context was made:
@@ -161,9 +161,9 @@ struct Prelude {
 
 /// The sink of a context built without one: one for the process, so a
 /// context costs no allocation for it.
-fn noop_sink() -> Arc<dyn EventSink> {
+fn noop_sink() -> &'static Arc<dyn EventSink> {
     static NOOP: OnceLock<Arc<dyn EventSink>> = OnceLock::new();
-    NOOP.get_or_init(|| Arc::new(NoopSink)).clone()
+    NOOP.get_or_init(|| Arc::new(NoopSink))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -229,7 +229,6 @@ impl RunContext {
                     .get()
                     .cloned()
                     .map_or_else(OnceLock::new, OnceLock::from),
-                events: self.inner.events.clone(),
                 shared: Mutex::new(Shared {
                     port: self.port_slot(),
                     ..Shared::default()
@@ -503,14 +502,22 @@ impl RunContext {
 
     /// The event sink.
     pub fn events(&self) -> &Arc<dyn EventSink> {
-        &self.inner.events
+        match self.inner.fixed.as_ref().and_then(|f| f.events.as_ref()) {
+            Some(events) => events,
+            None => noop_sink(),
+        }
     }
 
     /// Emits the event `f` builds, if the sink wants events.
     #[inline]
     pub fn emit(&self, f: impl FnOnce() -> AgentEvent) {
-        if self.inner.events.enabled() {
-            self.inner.events.emit(f());
+        // A context without a sink of its own sends to nobody: not even a
+        // check of the no-op sink.
+        let Some(events) = self.inner.fixed.as_ref().and_then(|f| f.events.as_ref()) else {
+            return;
+        };
+        if events.enabled() {
+            events.emit(f());
         }
     }
 
@@ -826,8 +833,12 @@ impl RunContextBuilder {
         RunContext {
             inner: Arc::new(Inner {
                 run_id: self.run_id.map_or_else(OnceLock::new, OnceLock::from),
-                fixed: (self.thread_id.is_some() || self.deadline.is_some()).then(|| {
+                fixed: (self.thread_id.is_some()
+                    || self.deadline.is_some()
+                    || self.events.is_some())
+                .then(|| {
                     Arc::new(Fixed {
+                        events: self.events,
                         thread_id: self.thread_id,
                         deadline: self.deadline.map(|at| Deadline {
                             at,
@@ -840,7 +851,6 @@ impl RunContextBuilder {
                 cancel: self.cancel.map_or_else(OnceLock::new, OnceLock::from),
                 state: Mutex::new(self.state),
                 prices: OnceLock::new(),
-                events: self.events.unwrap_or_else(noop_sink),
                 shared: Mutex::default(),
                 hook_failed: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
