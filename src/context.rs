@@ -79,19 +79,20 @@ struct Inner {
     /// The run's id: given, or drawn when first asked for (a run waiting on
     /// its model holds no room for its text).
     run_id: OnceLock<Arc<str>>,
-    thread_id: Option<Arc<str>>,
+    /// The thread, the deadline and the event sink: set when the root
+    /// context is made, and shared with its nested runs' contexts. Most runs
+    /// have none of them, and hold a null pointer.
+    fixed: Option<Arc<Fixed>>,
     parent: Option<RunContext>,
     iteration: AtomicU32,
     /// The caller's token, a child of the parent run's, or one made when
     /// first needed: a root run that nobody cancels, and that nests no run,
     /// never makes one (see [`CancelWatch`]).
     cancel: OnceLock<CancellationToken>,
-    deadline: Option<Deadline>,
     state: Mutex<http::Extensions>,
     /// The agent's name, the hook points, the ledger and the rare parts.
     shared: Mutex<Shared>,
     prices: OnceLock<Arc<PriceTable>>,
-    events: Arc<dyn EventSink>,
     /// Set when a middleware of this run, or of a run it is nested in,
     /// failed in this run or below: such an error fails this run too.
     hook_failed: AtomicBool,
@@ -119,6 +120,13 @@ struct Shared {
     /// The task of the one [`CancelWatch`] that waits for a cancellation
     /// while the run has no token: [`RunContext::cancel`] wakes it.
     waiter: Option<Waker>,
+}
+
+/// What a root context is made with that its nested runs keep.
+struct Fixed {
+    thread_id: Option<Arc<str>>,
+    deadline: Option<Deadline>,
+    events: Option<Arc<dyn EventSink>>,
 }
 
 /// When the run must be done, and when the root run's context was made:
@@ -153,9 +161,9 @@ struct Prelude {
 
 /// The sink of a context built without one: one for the process, so a
 /// context costs no allocation for it.
-fn noop_sink() -> Arc<dyn EventSink> {
+fn noop_sink() -> &'static Arc<dyn EventSink> {
     static NOOP: OnceLock<Arc<dyn EventSink>> = OnceLock::new();
-    NOOP.get_or_init(|| Arc::new(NoopSink)).clone()
+    NOOP.get_or_init(|| Arc::new(NoopSink))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -210,11 +218,10 @@ impl RunContext {
         RunContext {
             inner: Arc::new(Inner {
                 run_id: OnceLock::new(),
-                thread_id: self.inner.thread_id.clone(),
+                fixed: self.inner.fixed.clone(),
                 parent: Some(self.clone()),
                 iteration: AtomicU32::new(0),
                 cancel: OnceLock::from(self.token().child_token()),
-                deadline: self.inner.deadline,
                 state: Mutex::default(),
                 prices: self
                     .inner
@@ -222,7 +229,6 @@ impl RunContext {
                     .get()
                     .cloned()
                     .map_or_else(OnceLock::new, OnceLock::from),
-                events: self.inner.events.clone(),
                 shared: Mutex::new(Shared {
                     port: self.port_slot(),
                     ..Shared::default()
@@ -241,7 +247,7 @@ impl RunContext {
 
     /// The thread (conversation) the run belongs to, if any.
     pub fn thread_id(&self) -> Option<&str> {
-        self.inner.thread_id.as_deref()
+        self.inner.fixed.as_ref()?.thread_id.as_deref()
     }
 
     /// The parent run's context, for a nested run.
@@ -343,7 +349,7 @@ impl RunContext {
 
     /// When the run must be done, if a deadline was set.
     pub fn deadline(&self) -> Option<Instant> {
-        self.inner.deadline.map(|d| d.at)
+        self.deadline_state().map(|d| d.at)
     }
 
     /// `fut`, unless the run is cancelled or reaches its deadline first:
@@ -359,9 +365,12 @@ impl RunContext {
     /// How long since the root run's context was made (zero for a run
     /// without a deadline, whose start is not kept).
     pub(crate) fn elapsed(&self) -> Duration {
-        self.inner
-            .deadline
+        self.deadline_state()
             .map_or(Duration::ZERO, |d| d.started.elapsed())
+    }
+
+    fn deadline_state(&self) -> Option<Deadline> {
+        self.inner.fixed.as_ref()?.deadline
     }
 
     /// The time left to the deadline (zero once passed), if one was set.
@@ -493,14 +502,22 @@ impl RunContext {
 
     /// The event sink.
     pub fn events(&self) -> &Arc<dyn EventSink> {
-        &self.inner.events
+        match self.inner.fixed.as_ref().and_then(|f| f.events.as_ref()) {
+            Some(events) => events,
+            None => noop_sink(),
+        }
     }
 
     /// Emits the event `f` builds, if the sink wants events.
     #[inline]
     pub fn emit(&self, f: impl FnOnce() -> AgentEvent) {
-        if self.inner.events.enabled() {
-            self.inner.events.emit(f());
+        // A context without a sink of its own sends to nobody: not even a
+        // check of the no-op sink.
+        let Some(events) = self.inner.fixed.as_ref().and_then(|f| f.events.as_ref()) else {
+            return;
+        };
+        if events.enabled() {
+            events.emit(f());
         }
     }
 
@@ -816,17 +833,24 @@ impl RunContextBuilder {
         RunContext {
             inner: Arc::new(Inner {
                 run_id: self.run_id.map_or_else(OnceLock::new, OnceLock::from),
-                thread_id: self.thread_id,
+                fixed: (self.thread_id.is_some()
+                    || self.deadline.is_some()
+                    || self.events.is_some())
+                .then(|| {
+                    Arc::new(Fixed {
+                        events: self.events,
+                        thread_id: self.thread_id,
+                        deadline: self.deadline.map(|at| Deadline {
+                            at,
+                            started: Instant::now(),
+                        }),
+                    })
+                }),
                 parent: None,
                 iteration: AtomicU32::new(0),
                 cancel: self.cancel.map_or_else(OnceLock::new, OnceLock::from),
-                deadline: self.deadline.map(|at| Deadline {
-                    at,
-                    started: Instant::now(),
-                }),
                 state: Mutex::new(self.state),
                 prices: OnceLock::new(),
-                events: self.events.unwrap_or_else(noop_sink),
                 shared: Mutex::default(),
                 hook_failed: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
@@ -871,11 +895,16 @@ impl<'a> Guard<'a> {
     pub(crate) fn new(ctx: &'a RunContext) -> Self {
         Self {
             ctx,
-            cancelled: CancelWatch::new(ctx),
+            cancelled: CancelWatch::new(),
             deadline: ctx
                 .deadline()
                 .map(|deadline| Box::pin(tokio::time::sleep_until(deadline))),
         }
+    }
+
+    /// The context of the run it guards.
+    pub(crate) fn ctx(&self) -> &'a RunContext {
+        self.ctx
     }
 
     /// `work`, unless the run is cancelled or reached its deadline: then
@@ -902,7 +931,7 @@ impl<'a> Guard<'a> {
         if let Poll::Ready(out) = work(cx) {
             return Poll::Ready(Ok(out));
         }
-        if self.cancelled.poll(cx).is_ready() {
+        if self.cancelled.poll(self.ctx, cx).is_ready() {
             return Poll::Ready(Err(AgentError::Cancelled));
         }
         Poll::Pending
@@ -914,8 +943,10 @@ impl<'a> Guard<'a> {
 /// as the context's one waiter, woken by [`RunContext::cancel`] or by the
 /// token's making, whichever comes first. A second watch waiting beside
 /// the first makes the token, and both wait on it.
+///
+/// It borrows the context its [`Guard`] holds, which it is given at each
+/// poll and when the guard is dropped.
 pub(crate) struct CancelWatch<'a> {
-    ctx: &'a RunContext,
     /// Registered as the context's waiter.
     registered: bool,
     /// Waiting on the token.
@@ -923,21 +954,20 @@ pub(crate) struct CancelWatch<'a> {
 }
 
 impl<'a> CancelWatch<'a> {
-    pub(crate) fn new(ctx: &'a RunContext) -> Self {
+    pub(crate) fn new() -> Self {
         Self {
-            ctx,
             registered: false,
             waiting: None,
         }
     }
 
     /// Ready once the run is cancelled; otherwise the task is woken then.
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(crate) fn poll(&mut self, ctx: &'a RunContext, cx: &mut Context<'_>) -> Poll<()> {
         if let Some(waiting) = &mut self.waiting {
             return waiting.as_mut().poll(cx);
         }
-        let inner = &self.ctx.inner;
-        let mut shared = self.ctx.shared();
+        let inner = &ctx.inner;
+        let mut shared = ctx.shared();
         // Read under the lock the token's maker takes the waiter with.
         if inner.cancel.get().is_none() {
             match &mut shared.waiter {
@@ -958,20 +988,27 @@ impl<'a> CancelWatch<'a> {
         }
         drop(shared);
         self.registered = false;
-        let waiting = self.waiting.insert(Box::pin(self.ctx.token().cancelled()));
+        let waiting = self.waiting.insert(Box::pin(ctx.token().cancelled()));
         waiting.as_mut().poll(cx)
     }
 }
 
-impl Drop for CancelWatch<'_> {
-    fn drop(&mut self) {
+impl CancelWatch<'_> {
+    /// Gives up the context's waiter, if this watch is it.
+    fn release(&mut self, ctx: &RunContext) {
         if self.registered {
-            let mut shared = self.ctx.shared();
+            let mut shared = ctx.shared();
             // Once the token is made, the waiter's room is no watch's.
-            if self.ctx.inner.cancel.get().is_none() {
+            if ctx.inner.cancel.get().is_none() {
                 shared.waiter = None;
             }
         }
+    }
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        self.cancelled.release(self.ctx);
     }
 }
 

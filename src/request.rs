@@ -31,24 +31,21 @@ use crate::types::{
 /// Clones send to the same place.
 #[derive(Clone)]
 pub struct DeltaSink {
+    /// Whether the sink is provisional is the receiver's to say: a sink is
+    /// one pointer, in every request and every run.
     f: Arc<dyn Deliver>,
-    provisional: bool,
 }
 
 impl DeltaSink {
     /// A sink calling `f` for every delta.
     pub fn new(f: impl Fn(&ModelDelta) + Send + Sync + 'static) -> Self {
-        Self {
-            f: Arc::new(f),
-            provisional: false,
-        }
+        Self { f: Arc::new(f) }
     }
 
     /// A provisional sink calling `f`: see the type's docs.
     pub fn provisional(f: impl Fn(&ModelDelta) + Send + Sync + 'static) -> Self {
         Self {
-            f: Arc::new(f),
-            provisional: true,
+            f: Arc::new(Provisional(f)),
         }
     }
 
@@ -67,15 +64,18 @@ impl DeltaSink {
     /// (changed, split, held or not at all). It is provisional if this one is.
     pub fn wrap(&self, f: impl Fn(&DeltaSink, &ModelDelta) + Send + Sync + 'static) -> Self {
         let inner = self.clone();
-        Self {
-            f: Arc::new(move |delta: &ModelDelta| f(&inner, delta)),
-            provisional: self.provisional,
+        let provisional = self.is_provisional();
+        let f = move |delta: &ModelDelta| f(&inner, delta);
+        if provisional {
+            Self::provisional(f)
+        } else {
+            Self::new(f)
         }
     }
 
     /// Whether what this sink receives reaches nobody yet.
     pub fn is_provisional(&self) -> bool {
-        self.provisional
+        self.f.provisional()
     }
 
     /// Sends one delta.
@@ -89,7 +89,13 @@ impl DeltaSink {
     /// A sink calling `f`, shared with whoever else holds it (the lifecycle
     /// chain keeps the state of its delta hooks there, in one allocation).
     pub(crate) fn shared(f: Arc<dyn Deliver>, provisional: bool) -> Self {
-        Self { f, provisional }
+        if provisional {
+            Self {
+                f: Arc::new(Provisional(Shared(f))),
+            }
+        } else {
+            Self { f }
+        }
     }
 }
 
@@ -97,6 +103,35 @@ impl DeltaSink {
 /// `Fn(&ModelDelta) + Send + Sync`, or a crate type that keeps more state.
 pub(crate) trait Deliver: Send + Sync + 'static {
     fn deliver(&self, delta: &ModelDelta);
+
+    /// Whether what it receives reaches nobody yet.
+    fn provisional(&self) -> bool {
+        false
+    }
+}
+
+/// A receiver whose deltas reach nobody yet.
+struct Provisional<D>(D);
+
+impl<D: Deliver> Deliver for Provisional<D> {
+    #[inline]
+    fn deliver(&self, delta: &ModelDelta) {
+        self.0.deliver(delta)
+    }
+
+    fn provisional(&self) -> bool {
+        true
+    }
+}
+
+/// A shared receiver, as a receiver.
+struct Shared(Arc<dyn Deliver>);
+
+impl Deliver for Shared {
+    #[inline]
+    fn deliver(&self, delta: &ModelDelta) {
+        self.0.deliver(delta)
+    }
 }
 
 impl<F: Fn(&ModelDelta) + Send + Sync + 'static> Deliver for F {

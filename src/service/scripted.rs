@@ -250,6 +250,11 @@ fn no_more_turns() -> BoxError {
 }
 
 impl ScriptedModel {
+    /// The wait before every answer; zero for none.
+    fn wait(&self) -> Duration {
+        self.inner.latency.unwrap_or_default()
+    }
+
     fn note(&self, call: &ModelCall) {
         if self.inner.record {
             self.inner
@@ -354,7 +359,7 @@ impl Service<ModelCall> for ScriptedModel {
         let this = self.clone();
         // Zero means no wait at all: tokio's timer would still round a
         // zero sleep up to its next millisecond tick.
-        let Some(latency) = self.inner.latency.filter(|d| !d.is_zero()) else {
+        if self.wait().is_zero() {
             return Box::pin(async move {
                 this.note(&call);
                 let Some(turn) = this.next_turn(&call.request) else {
@@ -370,11 +375,13 @@ impl Service<ModelCall> for ScriptedModel {
                 // built once, in place.
                 this.answer(&call, turn)
             });
-        };
+        }
         match &self.inner.script {
+            // The latency is read again where the wait begins, not kept
+            // beside the timer.
             Script::Function(_) => Box::pin(async move {
                 this.note(&call);
-                tokio::time::sleep(latency).await;
+                tokio::time::sleep(this.wait()).await;
                 let later = match this.reply(call, None) {
                     Reply::Now(result) => return result,
                     Reply::Later(later) => later,
@@ -384,7 +391,7 @@ impl Service<ModelCall> for ScriptedModel {
             Script::Turns(_) => Box::pin(async move {
                 this.note(&call);
                 let turn = this.next_turn(&call.request).ok_or_else(no_more_turns)?;
-                tokio::time::sleep(latency).await;
+                tokio::time::sleep(this.wait()).await;
                 let later = match this.reply(call, Some(turn)) {
                     Reply::Now(result) => return result,
                     Reply::Later(later) => later,

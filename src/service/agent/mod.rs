@@ -30,7 +30,8 @@ use crate::error::{AgentError, BoxError};
 use crate::hooks::AgentMiddleware;
 use crate::request::{ModelCall, RunRequest, ToolInvocation, ToolOutput};
 use crate::types::{
-    AgentRun, ApprovalDecision, ModelName, ModelResponse, ModelSettings, ToolCall, ToolSpec,
+    AgentRun, ApprovalDecision, History, Message, ModelName, ModelResponse, ModelSettings,
+    ToolCall, ToolSpec,
 };
 
 pub use definition::{AgentDefinition, DefinitionError, HandoffDefinition, Registry};
@@ -50,6 +51,9 @@ pub(crate) type ToolFlags = super::ToolTraits;
 pub(crate) struct Config {
     pub(crate) name: Arc<str>,
     pub(crate) instructions: Option<String>,
+    /// The system prompt as a history of its own, which the conversations
+    /// of the agent's new runs continue: one copy of it for all of them.
+    pub(crate) prompt: Option<History>,
     pub(crate) model: BoxModel,
     pub(crate) model_name: ModelName,
     pub(crate) tools: BoxTool,
@@ -495,6 +499,10 @@ impl AgentBuilder {
         Ok(Agent {
             config: Arc::new(Config {
                 name: self.name,
+                prompt: self
+                    .instructions
+                    .as_deref()
+                    .map(|text| History::from(vec![Message::system(text)])),
                 instructions: self.instructions,
                 model,
                 model_name: self.model_name.map(ModelName::from).unwrap_or_default(),

@@ -68,6 +68,37 @@ fn millis(started: Option<Instant>) -> Option<f64> {
     started.map(|s| s.elapsed().as_micros() as f64 / 1000.0)
 }
 
+/// What an observer keeps for `tracing`: its span and its clock, on the
+/// heap, and only when a subscriber wants either. Every suspended run holds
+/// two observers; without a subscriber they hold a null pointer each.
+struct Traced {
+    span: Span,
+    started: Option<Instant>,
+}
+
+/// The span of observers that keep none.
+static NO_SPAN: Span = Span::none();
+
+impl Traced {
+    fn keep(span: Span) -> Option<Box<Traced>> {
+        let started = clock();
+        if span.is_none() && started.is_none() {
+            return None;
+        }
+        Some(Box::new(Traced { span, started }))
+    }
+}
+
+/// The span of `traced`, or the empty one.
+fn span_of(traced: &Option<Box<Traced>>) -> &Span {
+    traced.as_ref().map_or(&NO_SPAN, |t| &t.span)
+}
+
+/// When the observed thing started, if anyone reads how long it took.
+fn started_of(traced: &Option<Box<Traced>>) -> Option<Instant> {
+    traced.as_ref().and_then(|t| t.started)
+}
+
 /// A model name, unless empty (the service picks the model).
 fn named(model: &ModelName) -> Option<&str> {
     (!model.is_empty()).then(|| model.as_str())
@@ -83,17 +114,17 @@ fn dropped_code() -> &'static str {
 }
 
 /// Brackets a run: `RunStarted` … `RunCompleted`.
-pub(super) struct RunObserver<'a> {
-    ctx: &'a RunContext,
-    agent: &'a Arc<str>,
-    span: Span,
-    started: Option<Instant>,
-    open: bool,
+///
+/// It keeps no reference to the run: its holder passes the run's context
+/// and agent name, and, if the run ends without a result (its future
+/// dropped), calls [`dropped`](Self::dropped).
+pub(super) struct RunObserver {
+    traced: Option<Box<Traced>>,
 }
 
-impl<'a> RunObserver<'a> {
+impl RunObserver {
     /// Opens the run's `invoke_agent` span and says the run started.
-    pub(super) fn open(ctx: &'a RunContext, agent: &'a Arc<str>) -> Self {
+    pub(super) fn open(ctx: &RunContext, agent: &Arc<str>) -> Self {
         let span = tracing::info_span!(
             "invoke_agent",
             "gen_ai.operation.name" = "invoke_agent",
@@ -118,25 +149,24 @@ impl<'a> RunObserver<'a> {
             "run started"
         );
         Self {
-            ctx,
-            agent,
-            span,
-            started: clock(),
-            open: true,
+            traced: Traced::keep(span),
         }
     }
 
     /// The run's span.
     pub(super) fn span(&self) -> &Span {
-        &self.span
+        span_of(&self.traced)
     }
 
     /// Says how the run ended.
-    pub(super) fn close(mut self, result: &Result<AgentRun, AgentError>) {
-        self.open = false;
+    pub(super) fn close(
+        self,
+        ctx: &RunContext,
+        agent: &Arc<str>,
+        result: &Result<AgentRun, AgentError>,
+    ) {
         match result {
             Ok(run) => {
-                let ctx = self.ctx;
                 ctx.emit(|| AgentEvent::RunCompleted {
                     run_id: run.run_id.clone(),
                     status: run.status.as_str(),
@@ -145,26 +175,37 @@ impl<'a> RunObserver<'a> {
                 });
                 tracing::info!(
                     target: TARGET,
-                    parent: &self.span,
+                    parent: self.span(),
                     {
-                        "gen_ai.agent.name" = %self.agent,
+                        "gen_ai.agent.name" = %agent,
                         run_id = %run.run_id,
                         status = run.status.as_str(),
                         turns = run.counters.turns,
                         tool_calls = run.counters.tool_calls,
                         "gen_ai.usage.input_tokens" = run.usage.input_tokens,
                         "gen_ai.usage.output_tokens" = run.usage.output_tokens,
-                        duration_ms = millis(self.started),
+                        duration_ms = millis(started_of(&self.traced)),
                     },
                     "run completed"
                 );
             }
-            Err(err) => self.failed(err.code(), Some(err)),
+            Err(err) => self.failed(ctx, agent, err.code(), Some(err)),
         }
     }
 
-    fn failed(&self, code: &'static str, err: Option<&AgentError>) {
-        let ctx = self.ctx;
+    /// Says the run ended without a result: cancelled, or failed while a
+    /// panic unwinds.
+    pub(super) fn dropped(self, ctx: &RunContext, agent: &Arc<str>) {
+        self.failed(ctx, agent, dropped_code(), None);
+    }
+
+    fn failed(
+        &self,
+        ctx: &RunContext,
+        agent: &Arc<str>,
+        code: &'static str,
+        err: Option<&AgentError>,
+    ) {
         let usage = ctx.usage();
         ctx.emit(|| AgentEvent::RunCompleted {
             run_id: ctx.run_id().clone(),
@@ -174,27 +215,19 @@ impl<'a> RunObserver<'a> {
         });
         tracing::warn!(
             target: TARGET,
-            parent: &self.span,
+            parent: self.span(),
             {
-                "gen_ai.agent.name" = %self.agent,
+                "gen_ai.agent.name" = %agent,
                 run_id = %ctx.run_id(),
                 status = "failed",
                 "error.type" = code,
                 error = err.map(field::display),
                 "gen_ai.usage.input_tokens" = usage.input_tokens,
                 "gen_ai.usage.output_tokens" = usage.output_tokens,
-                duration_ms = millis(self.started),
+                duration_ms = millis(started_of(&self.traced)),
             },
             "run failed"
         );
-    }
-}
-
-impl Drop for RunObserver<'_> {
-    fn drop(&mut self) {
-        if self.open {
-            self.failed(dropped_code(), None);
-        }
     }
 }
 
@@ -203,8 +236,7 @@ pub(super) struct ModelCallObserver<'a> {
     ctx: &'a RunContext,
     turn: u32,
     model: &'a ModelName,
-    span: Span,
-    started: Option<Instant>,
+    traced: Option<Box<Traced>>,
     open: bool,
 }
 
@@ -244,20 +276,27 @@ impl<'a> ModelCallObserver<'a> {
             ctx,
             turn,
             model,
-            span,
-            started: clock(),
+            traced: Traced::keep(span),
             open: true,
         }
     }
 
     /// The call's span.
     pub(super) fn span(&self) -> &Span {
-        &self.span
+        span_of(&self.traced)
+    }
+
+    /// The turn of the call.
+    pub(super) fn turn(&self) -> u32 {
+        self.turn
     }
 
     /// Records what came back on the span.
     pub(super) fn record(&self, response: &ModelResponse) {
-        let span = &self.span;
+        let Some(traced) = &self.traced else {
+            return;
+        };
+        let span = &traced.span;
         span.record("gen_ai.response.model", response.model.as_str());
         span.record("gen_ai.usage.input_tokens", response.usage.input_tokens);
         span.record("gen_ai.usage.output_tokens", response.usage.output_tokens);
@@ -281,7 +320,7 @@ impl<'a> ModelCallObserver<'a> {
         });
         tracing::info!(
             target: TARGET,
-            parent: &self.span,
+            parent: self.span(),
             {
                 "gen_ai.request.model" = named(self.model),
                 "gen_ai.response.model" = %response.model,
@@ -289,7 +328,7 @@ impl<'a> ModelCallObserver<'a> {
                 "gen_ai.usage.output_tokens" = response.usage.output_tokens,
                 "gen_ai.response.finish_reasons" = ?response.finish_reason,
                 turn = self.turn,
-                duration_ms = millis(self.started),
+                duration_ms = millis(started_of(&self.traced)),
             },
             "model call completed"
         );
@@ -313,13 +352,13 @@ impl<'a> ModelCallObserver<'a> {
         });
         tracing::warn!(
             target: TARGET,
-            parent: &self.span,
+            parent: self.span(),
             {
                 "gen_ai.request.model" = named(self.model),
                 turn = self.turn,
                 "error.type" = code,
                 error = err.map(field::display),
-                duration_ms = millis(self.started),
+                duration_ms = millis(started_of(&self.traced)),
             },
             "model call failed"
         );

@@ -37,82 +37,132 @@ pub(super) fn run(
     let ctx = request.context.clone();
     let start: BoxFuture<'static, Result<Started, AgentError>> =
         Box::pin(start(config.clone(), request));
-    observed(config, ctx, start)
-}
-
-async fn observed(
-    config: Arc<Config>,
-    ctx: RunContext,
-    start: BoxFuture<'static, Result<Started, AgentError>>,
-) -> Result<AgentRun, AgentError> {
-    ctx.set_agent_name(&config.name);
-    let observer = RunObserver::open(&ctx, &config.name);
-    // The hooks that open the run close it, even if a handoff changed
-    // those installed since.
-    let opened = installed(&ctx);
-    // Awaited last: the run's result is handed on, never kept beside the
-    // turns' future.
     Observed {
-        ctx: &ctx,
-        observer: Some(observer),
-        opened,
-        fut: proceed(start),
-        closing: None,
+        ctx,
+        config,
+        begun: false,
+        observer: None,
+        opened: None,
+        stage: Stage::Running {
+            fut: proceed(start),
+        },
     }
-    .await
 }
 
 pin_project! {
     /// The run, polled inside its observer's span; once it ends, the
     /// observer closes and, when no lifecycle layer brackets the run, the
-    /// hooks that opened it close it.
-    struct Observed<'a, F> {
-        ctx: &'a RunContext,
-        observer: Option<RunObserver<'a>>,
+    /// hooks that opened it close it. The observer opens at the first poll.
+    struct Observed<F> {
+        ctx: RunContext,
+        config: Arc<Config>,
+        begun: bool,
+        observer: Option<RunObserver>,
+        // The hooks that open the run close it, even if a handoff changed
+        // those installed since.
         opened: Option<Arc<dyn HookPort>>,
         #[pin]
-        fut: F,
-        closing: Option<BoxFuture<'a, Result<AgentRun, AgentError>>>,
+        stage: Stage<F>,
+    }
+
+    impl<F> PinnedDrop for Observed<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(observer) = this.observer.take() {
+                observer.dropped(this.ctx, &this.config.name);
+            }
+        }
     }
 }
 
-impl<'a, F> Future for Observed<'a, F>
+/// Closes the run's observer if the run's poll panics, as the run fails
+/// (`INTERNAL`), rather than later, when the caller drops the future.
+struct OnUnwind<'a> {
+    observer: &'a mut Option<RunObserver>,
+    ctx: &'a RunContext,
+    agent: &'a Arc<str>,
+}
+
+impl Drop for OnUnwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(observer) = self.observer.take() {
+                observer.dropped(self.ctx, self.agent);
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// The run, then the hooks that close it: one in the room of the other.
+    #[project = StageProj]
+    enum Stage<F> {
+        Running {
+            #[pin]
+            fut: F,
+        },
+        Closing {
+            fut: BoxFuture<'static, Result<AgentRun, AgentError>>,
+        },
+    }
+}
+
+impl<F> Future for Observed<F>
 where
     F: Future<Output = Result<AgentRun, AgentError>>,
 {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        if let Some(closing) = this.closing {
-            return closing.as_mut().poll(cx);
+        let mut this = self.project();
+        let fut = match this.stage.as_mut().project() {
+            StageProj::Closing { fut } => return fut.as_mut().poll(cx),
+            StageProj::Running { fut } => fut,
+        };
+        let ctx: &RunContext = this.ctx;
+        let agent = &this.config.name;
+        if !*this.begun {
+            *this.begun = true;
+            ctx.set_agent_name(agent);
+            *this.observer = Some(RunObserver::open(ctx, agent));
+            *this.opened = installed(ctx);
         }
-        let observer = this
-            .observer
-            .as_ref()
-            .expect("Observed polled after it completed");
         let result = {
+            let unwinding = OnUnwind {
+                observer: &mut *this.observer,
+                ctx,
+                agent,
+            };
+            let observer = unwinding
+                .observer
+                .as_ref()
+                .expect("Observed polled after it completed");
             let _entered = observer.span().enter();
-            ready!(this.fut.poll(cx))
+            ready!(fut.poll(cx))
         };
         if let Some(observer) = this.observer.take() {
-            observer.close(&result);
+            observer.close(ctx, agent, &result);
         }
         // A lifecycle layer that brackets the run closes it itself, with the
         // result its caller gets; otherwise (a nested run that inherited its
         // parent's hooks) the loop does. Errors of these hooks cannot change
         // the result: the stack logs them.
-        let ctx: &'a RunContext = this.ctx;
         match this.opened.take() {
             Some(hooks) if !ctx.is_bracketed() => {
-                let closing = this.closing.insert(Box::pin(async move {
+                let ctx = ctx.clone();
+                let mut closing: BoxFuture<'static, _> = Box::pin(async move {
                     if let Err(err) = &result {
-                        let _ = hooks.on_error(ctx, err).await;
+                        let _ = hooks.on_error(&ctx, err).await;
                     }
-                    let _ = hooks.after_agent(ctx, RunOutcome::of(&result)).await;
+                    let _ = hooks.after_agent(&ctx, RunOutcome::of(&result)).await;
                     result
-                }));
-                closing.as_mut().poll(cx)
+                });
+                let polled = closing.as_mut().poll(cx);
+                if polled.is_pending() {
+                    // The run's future, done, gives its room to the hooks'.
+                    this.stage.set(Stage::Closing { fut: closing });
+                }
+                polled
             }
             _ => Poll::Ready(result),
         }
@@ -213,11 +263,13 @@ impl Run {
                 .first()
                 .is_some_and(|m| m.role == Role::System && m.text() == instructions.as_str());
             if messages.is_empty() {
-                // Room for the prompt and the input: a run waiting on its
-                // first answer holds no room for it.
-                let mut first = Vec::with_capacity(2);
-                first.push(Message::system(instructions.as_str()));
-                *messages = History::from(first);
+                // The agent's prompt, shared by all its runs, then room for
+                // the input: a run waiting on its first answer holds no room
+                // for it.
+                *messages = match &self.config.prompt {
+                    Some(prompt) => History::continuing(prompt, Vec::with_capacity(1)),
+                    None => History::from(vec![Message::system(instructions.as_str())]),
+                };
             } else if !starts_with_prompt {
                 messages
                     .to_mut()
@@ -436,13 +488,11 @@ impl Run {
             guard: Guard::new(ctx),
             model: self.model.get_or_insert_with(|| config.model.clone()),
             config,
-            ctx,
             messages: &mut self.messages,
             stream: &self.stream,
             extensions: &self.extensions,
             observer: Some(observer),
             called: None,
-            turn,
         })
     }
 
@@ -536,14 +586,12 @@ pub(super) struct BareTurn<'a> {
     guard: Guard<'a>,
     model: &'a mut BoxModel,
     config: &'a Config,
-    ctx: &'a RunContext,
     messages: &'a mut History,
     stream: &'a Option<DeltaSink>,
     extensions: &'a http::Extensions,
-    /// Taken when the turn ends.
+    /// Taken when the turn ends; it knows the turn.
     observer: Option<ModelCallObserver<'a>>,
     called: Option<<BoxModel as Service<ModelCall>>::Future>,
-    turn: u32,
 }
 
 impl Future for BareTurn<'_> {
@@ -556,7 +604,7 @@ impl Future for BareTurn<'_> {
             .as_ref()
             .expect("BareTurn polled after it completed");
         let (model, called) = (&mut *this.model, &mut this.called);
-        let (config, ctx, messages) = (this.config, this.ctx, &*this.messages);
+        let (config, ctx, messages) = (this.config, this.guard.ctx(), &*this.messages);
         let (stream, extensions) = (this.stream, this.extensions);
         let answer = ready!(this.guard.poll(cx, |cx| {
             let _entered = observer.span().enter();
@@ -574,6 +622,7 @@ impl Future for BareTurn<'_> {
         // appended in place.
         this.called = None;
         let observer = this.observer.take().expect("checked above");
+        let turn = observer.turn();
         let mut response = match answer {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => {
@@ -592,11 +641,7 @@ impl Future for BareTurn<'_> {
         }
         observer.record(&response);
         observer.completed(&response);
-        Poll::Ready(Ok(append_answer(
-            this.messages,
-            this.turn,
-            response.message,
-        )))
+        Poll::Ready(Ok(append_answer(this.messages, turn, response.message)))
     }
 }
 
@@ -638,7 +683,9 @@ mod tests {
     /// call stopped holding its request, its hooks' answer and a deadline
     /// timer inline; 1,072 (with the state in a box of its own) before the
     /// run's result, a model turn's answer and its error stopped being kept
-    /// beside the futures that make them.
+    /// beside the futures that make them; 576 before the observers kept
+    /// their tracing state on the heap and the run's observed future owned
+    /// its context instead of an async wrapper keeping it.
     #[test]
     fn a_run_future_stays_small() {
         let agent = Agent::builder("small")
@@ -648,6 +695,6 @@ mod tests {
             .unwrap();
         let run = run(agent.config.clone(), RunRequest::new("hi"));
         let bytes = std::mem::size_of_val(&run);
-        assert!(bytes <= 600, "the run future takes {bytes} bytes");
+        assert!(bytes <= 400, "the run future takes {bytes} bytes");
     }
 }

@@ -20,8 +20,9 @@ pub(super) struct Run {
     pub(super) ctx: RunContext,
     pub(super) hooks: Option<Arc<dyn HookPort>>,
     pub(super) messages: History,
-    /// Context added for this run only; left out of the transcript.
-    pub(super) ephemeral: Vec<Message>,
+    /// Context added for this run only; left out of the transcript (a
+    /// boxed slice: most runs have none, and every run carries the room).
+    pub(super) ephemeral: Box<[Message]>,
     pub(super) stream: Option<DeltaSink>,
     pub(super) extensions: http::Extensions,
     pub(super) counters: Counters,
@@ -52,7 +53,7 @@ impl Run {
             ctx,
             hooks,
             messages,
-            ephemeral: Vec::new(),
+            ephemeral: Box::default(),
             stream,
             extensions,
             counters: Counters::default(),
@@ -71,7 +72,7 @@ impl Run {
             return self.messages.clone();
         }
         let mut messages = self.messages.to_vec();
-        for ephemeral in &self.ephemeral {
+        for ephemeral in self.ephemeral.iter() {
             if let Some(at) = messages.iter().position(|m| m == ephemeral) {
                 messages.remove(at);
             }

@@ -15,15 +15,24 @@ pub(super) struct Chunk {
     cache: Mutex<Cache>,
 }
 
-/// Digests and text sizes of the chunk's prefixes, each extended on demand.
-#[derive(Clone, Default)]
+/// Digests and the text size of the chunk's prefixes, each extended on
+/// demand. The digests, which only layers that key on the conversation ask
+/// for, are on the heap once asked for: every run holds a chunk.
+#[derive(Default)]
 struct Cache {
+    /// How many of the leading messages `text_len` sums.
+    summed: usize,
+    /// The summed [`Message::text_len`] of `messages[..summed]`.
+    text_len: u64,
+    digests: Option<Box<Digests>>,
+}
+
+/// The digests of a chunk's prefixes.
+struct Digests {
     /// The digest of everything before the chunk, `digests` is chained from.
     base: [u8; 16],
     /// `digests[i]` digests the history up to and with `messages[i]`.
     digests: Vec<[u8; 16]>,
-    /// `text_lens[i]` sums the text of `messages[..=i]`.
-    text_lens: Vec<u64>,
 }
 
 impl Chunk {
@@ -43,11 +52,17 @@ impl Chunk {
     pub(super) fn digest(&self, base: [u8; 16], len: usize) -> [u8; 16] {
         let len = len.min(self.messages.len());
         let mut cache = self.cache();
-        if cache.base != base {
-            cache.base = base;
-            cache.digests.clear();
+        let cached = cache.digests.get_or_insert_with(|| {
+            Box::new(Digests {
+                base,
+                digests: Vec::new(),
+            })
+        });
+        if cached.base != base {
+            cached.base = base;
+            cached.digests.clear();
         }
-        let digests = &mut cache.digests;
+        let digests = &mut cached.digests;
         while digests.len() < len {
             let previous = digests.last().copied().unwrap_or(base);
             let mut hasher = Sha256::new();
@@ -63,12 +78,13 @@ impl Chunk {
     /// The summed [`Message::text_len`] of every message of the chunk.
     pub(super) fn text_len(&self) -> u64 {
         let mut cache = self.cache();
-        let lens = &mut cache.text_lens;
-        while lens.len() < self.messages.len() {
-            let previous = lens.last().copied().unwrap_or(0);
-            lens.push(previous + self.messages[lens.len()].text_len() as u64);
-        }
-        lens.last().copied().unwrap_or(0)
+        let added: u64 = self.messages[cache.summed..]
+            .iter()
+            .map(|m| m.text_len() as u64)
+            .sum();
+        cache.summed = self.messages.len();
+        cache.text_len += added;
+        cache.text_len
     }
 
     /// Mutable messages (the chunk is held by one history only); the cache
@@ -87,8 +103,14 @@ impl Chunk {
     pub(super) fn truncate(&mut self, len: usize) {
         self.messages.truncate(len);
         let cache = self.cache.get_mut().unwrap_or_else(PoisonError::into_inner);
-        cache.digests.truncate(len);
-        cache.text_lens.truncate(len);
+        if let Some(cached) = &mut cache.digests {
+            cached.digests.truncate(len);
+        }
+        if cache.summed > len {
+            // Summed again when next asked for.
+            cache.summed = 0;
+            cache.text_len = 0;
+        }
     }
 }
 

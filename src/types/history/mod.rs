@@ -63,6 +63,10 @@ struct Inner {
     /// Set once a history grew from this state under its lineage; any other
     /// growth from it starts a new lineage, so one lineage is one line.
     extended: AtomicBool,
+    /// How many leading chunks appends never merge: a prefix shared by many
+    /// histories (an agent's system prompt, see [`History::continuing`])
+    /// stays one chunk, held by all of them.
+    pinned: u8,
 }
 
 fn new_lineage() -> u64 {
@@ -82,6 +86,7 @@ impl Inner {
             edits,
             lineage,
             extended: AtomicBool::new(false),
+            pinned: 0,
         }
     }
 
@@ -99,7 +104,8 @@ impl Inner {
         }
         let mut merged = 1;
         let mut from = self.chunks.len();
-        while from > 0 && self.chunks[from - 1].messages.len() <= 2 * merged {
+        let pinned = usize::from(self.pinned);
+        while from > pinned && self.chunks[from - 1].messages.len() <= 2 * merged {
             from -= 1;
             merged += self.chunks[from].messages.len();
         }
@@ -121,6 +127,7 @@ impl Inner {
             let messages: Vec<Message> = Iter::new(&self.chunks, self.len()).cloned().collect();
             self.chunks = vec![Arc::new(Chunk::new(messages))];
         }
+        self.pinned = 0;
         Arc::get_mut(&mut self.chunks[0]).expect("just made unique")
     }
 }
@@ -143,11 +150,9 @@ impl History {
             } else {
                 new_lineage()
             };
-            self.inner = Arc::new(Inner::with_chunks(
-                shared.chunks.clone(),
-                shared.edits,
-                lineage,
-            ));
+            let mut inner = Inner::with_chunks(shared.chunks.clone(), shared.edits, lineage);
+            inner.pinned = shared.pinned;
+            self.inner = Arc::new(inner);
         }
         let inner = Arc::get_mut(&mut self.inner).expect("just made unique");
         if grow && std::mem::take(inner.extended.get_mut()) {
@@ -156,6 +161,24 @@ impl History {
             inner.lineage = new_lineage();
         }
         inner
+    }
+
+    /// A history that continues `prefix`, sharing its chunks, with
+    /// `messages` (whose spare capacity is kept) after them. Appends never
+    /// merge the prefix into this history's own chunks: the histories that
+    /// continue one prefix all hold the same storage for it (the system
+    /// prompt of an agent's runs, one for all of them).
+    pub(crate) fn continuing(prefix: &History, messages: Vec<Message>) -> Self {
+        let shared = &prefix.inner.chunks;
+        let mut chunks = Vec::with_capacity(shared.len() + 1);
+        chunks.extend(shared.iter().cloned());
+        let pinned = u8::try_from(chunks.len()).unwrap_or(u8::MAX);
+        chunks.push(Arc::new(Chunk::new(messages)));
+        let mut inner = Inner::with_chunks(chunks, 0, new_lineage());
+        inner.pinned = pinned;
+        Self {
+            inner: Arc::new(inner),
+        }
     }
 
     /// Appends a message: O(1) amortized, and no message is copied even if
@@ -194,6 +217,9 @@ impl History {
             keep_chunks += 1;
         }
         inner.chunks.truncate(keep_chunks);
+        inner.pinned = inner
+            .pinned
+            .min(u8::try_from(keep_chunks).unwrap_or(u8::MAX));
         if kept > len {
             let last = inner.chunks.last_mut().expect("kept > len > 0");
             let last_len = last.messages.len() - (kept - len);
@@ -593,6 +619,47 @@ mod tests {
         assert_eq!(run.digest(), fresh.digest());
         assert_eq!(run.text_len(), fresh.text_len());
         assert_eq!(run, fresh);
+    }
+
+    /// Histories that continue one prefix hold it, one chunk for all of
+    /// them, however they grow; an edit gathers the messages as before.
+    #[test]
+    fn a_continued_prefix_stays_shared() {
+        let prompt = History::from(vec![Message::system("be brief")]);
+        let mut run = History::continuing(&prompt, Vec::with_capacity(1));
+        run.push(Message::user("hi"));
+        assert_eq!(
+            run.inner.chunks[1].messages.capacity(),
+            1,
+            "room for the input"
+        );
+        for i in 0..40 {
+            // A clone alive at each append: the tail is shared every time.
+            let held = run.clone();
+            run.push(Message::assistant(format!("{i}")));
+            assert!(run.shares_prefix_with(&prompt));
+            drop(held);
+        }
+        assert!(Arc::ptr_eq(&run.inner.chunks[0], &prompt.inner.chunks[0]));
+        assert_eq!(run.len(), 42);
+        assert_eq!(
+            run.first().map(|m| m.role),
+            Some(super::super::Role::System)
+        );
+        let fresh = History::from(run.to_vec());
+        assert_eq!(run.digest(), fresh.digest());
+        assert_eq!(run.text_len(), fresh.text_len());
+        assert_eq!(run, fresh);
+        assert_eq!(prompt.len(), 1);
+
+        run.truncate(1);
+        assert_eq!(run.to_vec(), prompt.to_vec());
+        run.push(Message::user("again"));
+        assert!(run.shares_prefix_with(&prompt));
+        run.to_mut().push(Message::assistant("edited"));
+        assert_eq!(run.inner.chunks.len(), 1);
+        assert_eq!(run.len(), 3);
+        assert_eq!(prompt.len(), 1);
     }
 
     #[test]
