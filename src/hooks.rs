@@ -17,6 +17,7 @@
 //! [`before_compaction`], [`after_compaction`], [`before_model_switch`].
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -245,10 +246,13 @@ pub struct Compaction {
 }
 
 /// One tool call of a step and its result, as `after_tool_batch` sees it.
+///
+/// The call is the conversation's own, borrowed, unless a hook rewrote its
+/// arguments: a step copies no call for its hooks.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ToolCallResult {
+pub struct ToolCallResult<'a> {
     /// The call (with the arguments it ran with).
-    pub call: ToolCall,
+    pub call: Cow<'a, ToolCall>,
     /// What it answered.
     pub output: ToolOutput,
 }
@@ -347,7 +351,7 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     fn after_tool_batch<'a>(
         &'a self,
         ctx: &'a RunContext,
-        results: &'a [ToolCallResult],
+        results: &'a [ToolCallResult<'a>],
     ) -> HookFuture<'a, ()>;
 
     /// The agent would stop with `output`: `Some(text)` keeps it going.

@@ -413,7 +413,7 @@ impl HookPort for InstalledHooks {
     fn after_tool_batch<'a>(
         &'a self,
         ctx: &'a RunContext,
-        results: &'a [ToolCallResult],
+        results: &'a [ToolCallResult<'a>],
     ) -> HookFuture<'a, ()> {
         match (&self.outer, self.stack.has(HookPoint::AfterToolBatch)) {
             (None, false) => HookFuture::ok(()),
