@@ -2,6 +2,8 @@
 //! same bracketing behind an agent's own middleware ([`AgentMiddleware`]).
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -21,9 +23,10 @@ use crate::hooks::{install, AgentMiddleware, HookPort, RunBracket, RunOutcome, R
 use crate::request::{BoxAgent, RunInput, RunRequest};
 use crate::types::AgentRun;
 
-/// The response future of the lifecycle services ([`Lifecycle`],
-/// [`FromFn`](super::FromFn), [`WrapModel`](super::WrapModel),
-/// [`WrapTool`](super::WrapTool)).
+/// The response future of the lifecycle adapters
+/// ([`FromFn`](super::FromFn), [`WrapModel`](super::WrapModel),
+/// [`WrapTool`](super::WrapTool)), and of a [`Lifecycle`] run its hooks
+/// bracket.
 ///
 /// Boxed behind this name so that it can change without breaking users.
 pub type ResponseFuture<T, E = BoxError> = crate::future::BoxResponseFuture<T, E>;
@@ -132,7 +135,7 @@ where
 {
     type Response = AgentRun;
     type Error = AgentError;
-    type Future = ResponseFuture<AgentRun, AgentError>;
+    type Future = LifecycleFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), AgentError>> {
         self.inner
@@ -148,10 +151,11 @@ where
             && run.as_ref().is_none_or(|r| r.stack.inert())
             && crate::hooks::installed(&request.context).is_none()
         {
-            let call = self.inner.call(request);
-            return ResponseFuture::new(async move {
-                call.await.map_err(|e| AgentError::classify(e.into()))
-            });
+            return LifecycleFuture {
+                kind: Kind::Inert {
+                    fut: self.inner.call(request),
+                },
+            };
         }
         let ctx = request.context.clone();
         // An outer lifecycle layer on this same run already brackets it:
@@ -181,7 +185,51 @@ where
         // Take the service that was made ready; leave a clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(bracket(frame, nested, ctx, start, inner, request))
+        LifecycleFuture {
+            kind: Kind::Bracketed {
+                fut: ResponseFuture::new(bracket(frame, nested, ctx, start, inner, request)),
+            },
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`Lifecycle`]: the inner service's own, with
+    /// nothing boxed, when no middleware can run in the run; otherwise the
+    /// run bracketed by its hooks.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct LifecycleFuture<F> {
+        #[pin]
+        kind: Kind<F>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = KindProj]
+    enum Kind<F> {
+        Inert { #[pin] fut: F },
+        Bracketed { fut: ResponseFuture<AgentRun, AgentError> },
+    }
+}
+
+impl<F, E> Future for LifecycleFuture<F>
+where
+    F: Future<Output = Result<AgentRun, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<AgentRun, AgentError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Inert { fut } => fut.poll(cx).map_err(|e| AgentError::classify(e.into())),
+            KindProj::Bracketed { fut } => Pin::new(fut).poll(cx),
+        }
+    }
+}
+
+impl<F> fmt::Debug for LifecycleFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LifecycleFuture")
     }
 }
 
