@@ -33,7 +33,9 @@ use crate::error::{AgentError, BoxError};
 use crate::request::{
     BoxAgent, BoxModel, BoxTool, ModelCall, RunRequest, ToolInvocation, ToolOutput,
 };
-use crate::types::{AgentRun, ApprovalDecision, History, Message, ModelResponse, ToolCall};
+use crate::types::{
+    AgentRun, ApprovalDecision, History, Message, ModelName, ModelResponse, ToolCall,
+};
 
 /// The future of a hook point: a value already there, or a boxed future.
 ///
@@ -89,6 +91,22 @@ impl<T> Future for HookFuture<'_, T> {
             HookFutureKind::Boxed(future) => future.as_mut().poll(cx),
         }
     }
+}
+
+/// Where [`HookPort::walk_model`] left a model call.
+pub(crate) enum ModelWalk<'a> {
+    /// Every wrap hook handed the call on (or none may run): the caller
+    /// makes `service` ready, calls it with `call` and, when `guarded`,
+    /// hands its answer, panic caught, to [`HookPort::model_answer`]. The
+    /// service is the caller's again once the call is done.
+    Service {
+        service: BoxModel,
+        call: ModelCall,
+        guarded: bool,
+    },
+    /// A wrap hook answers with a future of its own (or the call goes
+    /// through more than this run's hooks).
+    Future(BoxFuture<'a, Result<ModelResponse, BoxError>>),
 }
 
 /// How a run starts, as `before_agent` sees it.
@@ -313,6 +331,21 @@ pub(crate) trait HookPort: Send + Sync + 'static {
         call: ModelCall,
         next: BoxModel,
     ) -> BoxFuture<'_, Result<ModelResponse, BoxError>>;
+
+    /// [`wrap_model`](Self::wrap_model) for a caller that calls the model
+    /// itself when every wrap hook hands the call on: the walk down the wrap
+    /// hooks happens here, at once; call it where the call would be first
+    /// polled.
+    fn walk_model(&self, call: ModelCall, next: BoxModel) -> ModelWalk<'_>;
+
+    /// What the answer of the model called for a guarded
+    /// [`ModelWalk::Service`] becomes (`answer` caught its panic): what the
+    /// future [`wrap_model`](Self::wrap_model) makes would have answered.
+    fn model_answer(
+        &self,
+        answer: std::thread::Result<Result<ModelResponse, BoxError>>,
+        model: &ModelName,
+    ) -> Result<ModelResponse, BoxError>;
 
     /// After each answer, before the run uses it.
     fn after_model<'a>(

@@ -10,21 +10,23 @@ use futures::future::BoxFuture;
 use tower::ServiceExt;
 
 use super::call_chain::{model_call_in, tool_call_in, StackModel, StackTool};
+use super::chain_run::ChainRun;
 use super::edit_watch::watcher;
+use super::next::{innermost_answer, step, Step};
 use super::placement::AgentLevels;
 use super::stack::CompiledStack;
 use super::verdict::merge_verdicts;
-use super::HookPoint;
+use super::{HookPoint, Next};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, ErrorKind};
 use crate::hooks::{
-    AgentMiddleware, ApprovalVerdict, Compaction, HookFuture, HookPort, Notification, RunOutcome,
-    RunStart, ToolCallResult, ToolVerdict,
+    AgentMiddleware, ApprovalVerdict, Compaction, HookFuture, HookPort, ModelWalk, Notification,
+    RunOutcome, RunStart, ToolCallResult, ToolVerdict,
 };
 use crate::request::{
     box_model, box_tool, BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput,
 };
-use crate::types::{History, Message, ModelResponse, ToolCall};
+use crate::types::{History, Message, ModelName, ModelResponse, ToolCall};
 
 /// The hook points of a run: `outer` (inherited), then `stack`.
 pub(crate) struct InstalledHooks {
@@ -272,6 +274,45 @@ impl HookPort for InstalledHooks {
                 outer.wrap_model(call, own)
             }
         }
+    }
+
+    fn walk_model(&self, call: ModelCall, next: BoxModel) -> ModelWalk<'_> {
+        let streams = call.stream.is_some();
+        let own = self.stack.wraps_model(streams);
+        let service = |service, call, guarded| ModelWalk::Service {
+            service,
+            call,
+            guarded,
+        };
+        match &self.outer {
+            None if !own => service(next, call, false),
+            Some(outer) if !own => outer.walk_model(call, next),
+            // Delta hooks race the call, and an outer frame wraps this one.
+            Some(_) => ModelWalk::Future(self.wrap_model(call, next)),
+            None if streams && self.stack.has(HookPoint::OnModelDelta) => {
+                ModelWalk::Future(self.wrap_model(call, next))
+            }
+            None if !self.stack.has(HookPoint::WrapModel) => service(next, call, true),
+            None => {
+                let entries = &self.stack.entries;
+                let next = Next::chain(entries.clone(), next, Some(self.depth));
+                match step(Some(entries), next, call) {
+                    Step::Innermost(next, call, _) => service(next, call, true),
+                    step => ModelWalk::Future(match ChainRun::after(step) {
+                        Ok(run) => Box::pin(run),
+                        Err(err) => Box::pin(std::future::ready(Err(err))),
+                    }),
+                }
+            }
+        }
+    }
+
+    fn model_answer(
+        &self,
+        answer: std::thread::Result<Result<ModelResponse, BoxError>>,
+        model: &ModelName,
+    ) -> Result<ModelResponse, BoxError> {
+        innermost_answer::<ModelCall>(answer, model, None)
     }
 
     fn after_model<'a>(
