@@ -28,7 +28,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 pub use crate::approvals::StickyApprovals;
-use crate::context::RunContext;
+use crate::context::{PortSlot, RunContext};
 use crate::error::{AgentError, BoxError};
 use crate::request::{
     BoxAgent, BoxModel, BoxTool, ModelCall, RunRequest, ToolInvocation, ToolOutput,
@@ -459,7 +459,19 @@ pub(crate) fn installed(ctx: &RunContext) -> Option<Arc<dyn HookPort>> {
 
 /// Installs `hooks` into `ctx`'s run, replacing any.
 pub(crate) fn install(ctx: &RunContext, hooks: Arc<dyn HookPort>) {
-    ctx.set_port_slot(Arc::new(Installed(hooks)));
+    ctx.set_port_slot(port_slot(hooks));
+}
+
+/// `hooks` as the context's port slot holds them, to install in any number
+/// of runs with [`install_slot`].
+pub(crate) fn port_slot(hooks: Arc<dyn HookPort>) -> PortSlot {
+    Arc::new(Installed(hooks))
+}
+
+/// Installs the hooks of `slot` (made by [`port_slot`]) into `ctx`'s run,
+/// replacing any.
+pub(crate) fn install_slot(ctx: &RunContext, slot: &PortSlot) {
+    ctx.set_port_slot(slot.clone());
 }
 
 /// What the context's port slot holds.
