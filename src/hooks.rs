@@ -109,6 +109,66 @@ pub(crate) enum ModelWalk<'a> {
     Future(BoxFuture<'a, Result<ModelResponse, BoxError>>),
 }
 
+/// Where [`HookPort::walk_tool`] left a tool call.
+pub(crate) enum ToolWalk<'a> {
+    /// Every wrap hook handed the call on (or none may run): the caller
+    /// makes `service` ready, calls it with `invocation` and hands what
+    /// comes of it to [`HookPort::finish_tool`] with `finish`, watching
+    /// `finish`'s abort meanwhile.
+    Service {
+        service: BoxTool,
+        invocation: ToolInvocation,
+        finish: ToolFinish,
+    },
+    /// A wrap hook answers with a future of its own (or the call goes
+    /// through more than this run's hooks).
+    Future(HookFuture<'a, ToolOutput>),
+}
+
+/// What becomes of a tool call's answer that [`ToolWalk::Service`] left
+/// to its caller.
+pub(crate) struct ToolFinish {
+    /// The tool's panic is caught, its nameless tripwire named, and its
+    /// failure the model's error result: a lifecycle chain is above it.
+    pub(crate) guarded: bool,
+    /// The depth of the run the stack above the tool was installed for.
+    pub(crate) home: Option<usize>,
+    /// The first error of the stack's delta hooks, which cuts the call.
+    pub(crate) abort: Option<Arc<dyn CallAbort>>,
+}
+
+impl ToolFinish {
+    /// Nothing above the tool: its answer goes out as it is.
+    pub(crate) fn plain() -> Self {
+        Self {
+            guarded: false,
+            home: None,
+            abort: None,
+        }
+    }
+}
+
+/// What a tool call of a [`ToolWalk::Service`] came to, for
+/// [`HookPort::finish_tool`].
+pub(crate) enum ToolAnswer {
+    /// The tool's answer, or its panic when the call is guarded.
+    Answered(std::thread::Result<Result<ToolOutput, BoxError>>),
+    /// The tool stack failed to get ready, or a delta hook failed first.
+    Failed(BoxError),
+}
+
+/// The first error of a call's delta hooks, shared with the sink they run
+/// on.
+pub(crate) trait CallAbort: Send + Sync {
+    /// The error, once a delta hook failed.
+    fn failed(&self) -> Option<BoxError>;
+    /// Wakes `waker`'s task when a delta hook fails.
+    fn register(&self, waker: &std::task::Waker);
+    /// The error a delta hook failed with, taken (the call's own answer
+    /// gives way to it).
+    fn take(&self) -> Option<BoxError>;
+}
+
 /// How a run starts, as `before_agent` sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunStart {
@@ -371,6 +431,23 @@ pub(crate) trait HookPort: Send + Sync + 'static {
 
     /// Around each tool call that passed approval, ending in `next`.
     fn wrap_tool(&self, invocation: ToolInvocation, next: BoxTool) -> HookFuture<'_, ToolOutput>;
+
+    /// [`wrap_tool`](Self::wrap_tool) for a caller that calls the tool stack
+    /// itself when every wrap hook hands the call on: the walk down the wrap
+    /// hooks happens here, at once; call it where the call would be first
+    /// polled.
+    fn walk_tool(&self, invocation: ToolInvocation, next: BoxTool) -> ToolWalk<'_>;
+
+    /// What a tool call of a [`ToolWalk::Service`], to tool `name` in
+    /// `ctx`'s run, answers: what the future [`wrap_tool`](Self::wrap_tool)
+    /// makes would have answered.
+    fn finish_tool(
+        &self,
+        answer: ToolAnswer,
+        name: &str,
+        ctx: &RunContext,
+        finish: &ToolFinish,
+    ) -> Result<ToolOutput, BoxError>;
 
     /// After each tool call.
     fn after_tool<'a>(

@@ -9,9 +9,12 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use tower::ServiceExt;
 
-use super::call_chain::{model_call_in, tool_call_in, StackModel, StackTool};
+use super::call_chain::{
+    model_call_in, note_failure, tool_call_in, tool_walk, StackModel, StackTool,
+};
 use super::chain_run::ChainRun;
 use super::edit_watch::watcher;
+use super::inline_bytes::InlineStr;
 use super::next::{innermost_answer, step, Step};
 use super::placement::AgentLevels;
 use super::stack::CompiledStack;
@@ -21,7 +24,7 @@ use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, ErrorKind};
 use crate::hooks::{
     AgentMiddleware, ApprovalVerdict, Compaction, HookFuture, HookPort, ModelWalk, Notification,
-    RunOutcome, RunStart, ToolCallResult, ToolVerdict,
+    RunOutcome, RunStart, ToolAnswer, ToolCallResult, ToolFinish, ToolVerdict, ToolWalk,
 };
 use crate::request::{
     box_model, box_tool, BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput,
@@ -419,6 +422,46 @@ impl HookPort for InstalledHooks {
                 outer.wrap_tool(invocation, own)
             }
         }
+    }
+
+    fn walk_tool(&self, invocation: ToolInvocation, next: BoxTool) -> ToolWalk<'_> {
+        let own = self.stack.wraps_tool();
+        match &self.outer {
+            None if !own => ToolWalk::Service {
+                service: next,
+                invocation,
+                finish: ToolFinish::plain(),
+            },
+            None => tool_walk(&self.stack, invocation, next, Some(self.depth)),
+            Some(outer) if !own => outer.walk_tool(invocation, next),
+            Some(_) => ToolWalk::Future(self.wrap_tool(invocation, next)),
+        }
+    }
+
+    fn finish_tool(
+        &self,
+        answer: ToolAnswer,
+        name: &str,
+        ctx: &RunContext,
+        finish: &ToolFinish,
+    ) -> Result<ToolOutput, BoxError> {
+        let result = match answer {
+            ToolAnswer::Answered(Ok(Ok(output))) => Ok(output),
+            ToolAnswer::Answered(Ok(Err(err))) if !finish.guarded => Err(err),
+            ToolAnswer::Answered(answer) => {
+                innermost_answer::<ToolInvocation>(answer, &InlineStr::copy(name), Some(ctx))
+            }
+            ToolAnswer::Failed(err) => Err(err),
+        };
+        // The first error of a delta hook cuts the call, whatever it answered.
+        let result = match finish.abort.as_ref().and_then(|abort| abort.take()) {
+            Some(err) => Err(err),
+            None => result,
+        };
+        if let Err(err) = &result {
+            note_failure(ctx, finish.home, err);
+        }
+        result
     }
 
     fn after_tool<'a>(

@@ -8,6 +8,7 @@ use futures::FutureExt;
 use tower::ServiceExt;
 use tracing::Instrument;
 
+use super::hooked_turn::HookedToolCall;
 use super::limits::ToolLimits;
 use super::observe::ToolCallObserver;
 use super::state::{classify, Run};
@@ -358,9 +359,14 @@ impl Run {
         // Without hooks, the call goes straight to the tool stack, or to
         // the router when no tool layer wraps it: nothing boxed on the way.
         let fut = match (&self.hooks, &self.config.router) {
-            (Some(hooks), _) => {
-                Either::Left(hooks.wrap_tool(invocation, self.config.tools.clone()))
-            }
+            (Some(hooks), router) => Either::Left(HookedToolCall::new(
+                &**hooks,
+                ctx,
+                &call.name,
+                invocation,
+                self.config.tools.clone(),
+                router.as_ref(),
+            )),
             (None, Some(router)) => Either::Right(Either::Left(router.clone().oneshot(invocation))),
             (None, None) => {
                 Either::Right(Either::Right(self.config.tools.clone().oneshot(invocation)))
