@@ -342,8 +342,7 @@ pub(crate) fn tool_walk(
 fn tool_guard(
     stack: &Arc<CompiledStack>,
     invocation: &mut ToolInvocation,
-) -> Option<Arc<Guard<impl Fn(&mut ModelDelta) -> Result<(), AgentError> + Send + Sync + 'static>>>
-{
+) -> Option<Arc<Guard<impl DeltaHooks>>> {
     if !stack.has(HookPoint::OnToolDelta) {
         return None;
     }
@@ -357,6 +356,14 @@ fn tool_guard(
     });
     invocation.stream = Some(sink);
     Some(guard)
+}
+
+/// The delta hooks a sink runs on each delta.
+trait DeltaHooks: Fn(&mut ModelDelta) -> Result<(), AgentError> + Send + Sync + 'static {}
+
+impl<H> DeltaHooks for H where
+    H: Fn(&mut ModelDelta) -> Result<(), AgentError> + Send + Sync + 'static
+{
 }
 
 /// A tool call's future cut by the first error of its delta hooks
