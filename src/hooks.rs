@@ -19,10 +19,7 @@
 use std::any::Any;
 use std::borrow::Cow;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use serde_json::Value;
@@ -37,137 +34,11 @@ use crate::types::{
     AgentRun, ApprovalDecision, History, Message, ModelName, ModelResponse, ToolCall,
 };
 
-/// The future of a hook point: a value already there, or a boxed future.
-///
-/// A hook point with nothing to do answers [`HookFuture::ok`], which costs no
-/// allocation; only hooks that really wait are boxed.
-#[must_use = "futures do nothing unless polled"]
-pub(crate) struct HookFuture<'a, T> {
-    kind: HookFutureKind<'a, T>,
-}
+mod walk;
+pub(crate) use walk::{CallAbort, ModelWalk, ToolAnswer, ToolFinish, ToolWalk};
 
-enum HookFutureKind<'a, T> {
-    Ready(Option<Result<T, BoxError>>),
-    Boxed(BoxFuture<'a, Result<T, BoxError>>),
-}
-
-impl<'a, T> HookFuture<'a, T> {
-    /// A hook point that is already done with `value`.
-    pub(crate) fn ok(value: T) -> Self {
-        Self {
-            kind: HookFutureKind::Ready(Some(Ok(value))),
-        }
-    }
-
-    /// A hook point that is already done with `result`.
-    pub(crate) fn ready(result: Result<T, BoxError>) -> Self {
-        Self {
-            kind: HookFutureKind::Ready(Some(result)),
-        }
-    }
-
-    /// A hook point that waits for `future`.
-    pub(crate) fn new<F>(future: F) -> Self
-    where
-        F: Future<Output = Result<T, BoxError>> + Send + 'a,
-    {
-        Self {
-            kind: HookFutureKind::Boxed(Box::pin(future)),
-        }
-    }
-}
-
-// Nothing is pinned structurally: the boxed future is pinned on the heap.
-impl<T> Unpin for HookFuture<'_, T> {}
-
-impl<T> Future for HookFuture<'_, T> {
-    type Output = Result<T, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.get_mut().kind {
-            HookFutureKind::Ready(value) => {
-                Poll::Ready(value.take().expect("HookFuture polled after completion"))
-            }
-            HookFutureKind::Boxed(future) => future.as_mut().poll(cx),
-        }
-    }
-}
-
-/// Where [`HookPort::walk_model`] left a model call.
-pub(crate) enum ModelWalk<'a> {
-    /// Every wrap hook handed the call on (or none may run): the caller
-    /// makes `service` ready, calls it with `call` and, when `guarded`,
-    /// hands its answer, panic caught, to [`HookPort::model_answer`]. The
-    /// service is the caller's again once the call is done.
-    Service {
-        service: BoxModel,
-        call: ModelCall,
-        guarded: bool,
-    },
-    /// A wrap hook answers with a future of its own (or the call goes
-    /// through more than this run's hooks).
-    Future(BoxFuture<'a, Result<ModelResponse, BoxError>>),
-}
-
-/// Where [`HookPort::walk_tool`] left a tool call.
-pub(crate) enum ToolWalk<'a> {
-    /// Every wrap hook handed the call on (or none may run): the caller
-    /// makes `service` ready, calls it with `invocation` and hands what
-    /// comes of it to [`HookPort::finish_tool`] with `finish`, watching
-    /// `finish`'s abort meanwhile.
-    Service {
-        service: BoxTool,
-        invocation: ToolInvocation,
-        finish: ToolFinish,
-    },
-    /// A wrap hook answers with a future of its own (or the call goes
-    /// through more than this run's hooks).
-    Future(HookFuture<'a, ToolOutput>),
-}
-
-/// What becomes of a tool call's answer that [`ToolWalk::Service`] left
-/// to its caller.
-pub(crate) struct ToolFinish {
-    /// The tool's panic is caught, its nameless tripwire named, and its
-    /// failure the model's error result: a lifecycle chain is above it.
-    pub(crate) guarded: bool,
-    /// The depth of the run the stack above the tool was installed for.
-    pub(crate) home: Option<usize>,
-    /// The first error of the stack's delta hooks, which cuts the call.
-    pub(crate) abort: Option<Arc<dyn CallAbort>>,
-}
-
-impl ToolFinish {
-    /// Nothing above the tool: its answer goes out as it is.
-    pub(crate) fn plain() -> Self {
-        Self {
-            guarded: false,
-            home: None,
-            abort: None,
-        }
-    }
-}
-
-/// What a tool call of a [`ToolWalk::Service`] came to, for
-/// [`HookPort::finish_tool`].
-pub(crate) enum ToolAnswer {
-    /// The tool's answer, or its panic when the call is guarded.
-    Answered(std::thread::Result<Result<ToolOutput, BoxError>>),
-    /// The tool stack failed to get ready, or a delta hook failed first.
-    Failed(BoxError),
-}
-
-/// The first error of a call's delta hooks, shared with the sink they run
-/// on.
-pub(crate) trait CallAbort: Send + Sync {
-    /// The error, once a delta hook failed.
-    fn failed(&self) -> Option<BoxError>;
-    /// Wakes `waker`'s task when a delta hook fails.
-    fn register(&self, waker: &std::task::Waker);
-    /// The error a delta hook failed with, taken (the call's own answer
-    /// gives way to it).
-    fn take(&self) -> Option<BoxError>;
-}
+mod hook_future;
+pub(crate) use hook_future::HookFuture;
 
 /// How a run starts, as `before_agent` sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

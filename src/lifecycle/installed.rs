@@ -9,17 +9,13 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use tower::ServiceExt;
 
-use super::call_chain::{
-    model_call_in, note_failure, tool_call_in, tool_walk, StackModel, StackTool,
-};
-use super::chain_run::ChainRun;
+use super::call_chain::{model_call_in, tool_call_in, StackModel, StackTool};
 use super::edit_watch::watcher;
-use super::inline_bytes::InlineStr;
-use super::next::{innermost_answer, step, Step};
+use super::next::innermost_answer;
 use super::placement::AgentLevels;
 use super::stack::CompiledStack;
 use super::verdict::merge_verdicts;
-use super::{HookPoint, Next};
+use super::HookPoint;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, ErrorKind};
 use crate::hooks::{
@@ -30,6 +26,13 @@ use crate::request::{
     box_model, box_tool, BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput,
 };
 use crate::types::{History, Message, ModelName, ModelResponse, ToolCall};
+
+mod levels;
+mod walk;
+
+pub(crate) use levels::Levels;
+
+use walk::finish_tool;
 
 /// The hook points of a run: `outer` (inherited), then `stack`.
 pub(crate) struct InstalledHooks {
@@ -42,32 +45,6 @@ pub(crate) struct InstalledHooks {
     /// The depth of the run these were installed for: a hook of `stack`
     /// failing in a run nested deeper fails every run up to that one.
     depth: usize,
-}
-
-/// The levels of one frame of hooks, composed in this order (the first
-/// outermost). `agent` and `agent_builtins` belong to the agent running the
-/// run; a handoff replaces them, the others stay.
-#[derive(Clone)]
-pub(crate) struct Levels {
-    pub(crate) runtime: Arc<CompiledStack>,
-    pub(crate) agent: Arc<CompiledStack>,
-    pub(crate) run: Arc<CompiledStack>,
-    pub(crate) builtins: Arc<CompiledStack>,
-    /// The built-ins of the agent's own middleware
-    /// ([`AgentBuilder::middleware`](crate::AgentBuilder::middleware)).
-    pub(crate) agent_builtins: Arc<CompiledStack>,
-}
-
-impl Levels {
-    fn compose(&self) -> Arc<CompiledStack> {
-        CompiledStack::compose(&[
-            &self.runtime,
-            &self.agent,
-            &self.run,
-            &self.builtins,
-            &self.agent_builtins,
-        ])
-    }
 }
 
 impl InstalledHooks {
@@ -280,34 +257,7 @@ impl HookPort for InstalledHooks {
     }
 
     fn walk_model(&self, call: ModelCall, next: BoxModel) -> ModelWalk<'_> {
-        let streams = call.stream.is_some();
-        let own = self.stack.wraps_model(streams);
-        let service = |service, call, guarded| ModelWalk::Service {
-            service,
-            call,
-            guarded,
-        };
-        match &self.outer {
-            None if !own => service(next, call, false),
-            Some(outer) if !own => outer.walk_model(call, next),
-            // Delta hooks race the call, and an outer frame wraps this one.
-            Some(_) => ModelWalk::Future(self.wrap_model(call, next)),
-            None if streams && self.stack.has(HookPoint::OnModelDelta) => {
-                ModelWalk::Future(self.wrap_model(call, next))
-            }
-            None if !self.stack.has(HookPoint::WrapModel) => service(next, call, true),
-            None => {
-                let entries = &self.stack.entries;
-                let next = Next::chain(entries.clone(), next, Some(self.depth));
-                match step(Some(entries), next, call) {
-                    Step::Innermost(next, call, _) => service(next, call, true),
-                    step => ModelWalk::Future(match ChainRun::after(step) {
-                        Ok(run) => Box::pin(run),
-                        Err(err) => Box::pin(std::future::ready(Err(err))),
-                    }),
-                }
-            }
-        }
+        self.walk_model_here(call, next)
     }
 
     fn model_answer(
@@ -425,17 +375,7 @@ impl HookPort for InstalledHooks {
     }
 
     fn walk_tool(&self, invocation: ToolInvocation, next: BoxTool) -> ToolWalk<'_> {
-        let own = self.stack.wraps_tool();
-        match &self.outer {
-            None if !own => ToolWalk::Service {
-                service: next,
-                invocation,
-                finish: ToolFinish::plain(),
-            },
-            None => tool_walk(&self.stack, invocation, next, Some(self.depth)),
-            Some(outer) if !own => outer.walk_tool(invocation, next),
-            Some(_) => ToolWalk::Future(self.wrap_tool(invocation, next)),
-        }
+        self.walk_tool_here(invocation, next)
     }
 
     fn finish_tool(
@@ -445,23 +385,7 @@ impl HookPort for InstalledHooks {
         ctx: &RunContext,
         finish: &ToolFinish,
     ) -> Result<ToolOutput, BoxError> {
-        let result = match answer {
-            ToolAnswer::Answered(Ok(Ok(output))) => Ok(output),
-            ToolAnswer::Answered(Ok(Err(err))) if !finish.guarded => Err(err),
-            ToolAnswer::Answered(answer) => {
-                innermost_answer::<ToolInvocation>(answer, &InlineStr::copy(name), Some(ctx))
-            }
-            ToolAnswer::Failed(err) => Err(err),
-        };
-        // The first error of a delta hook cuts the call, whatever it answered.
-        let result = match finish.abort.as_ref().and_then(|abort| abort.take()) {
-            Some(err) => Err(err),
-            None => result,
-        };
-        if let Err(err) = &result {
-            note_failure(ctx, finish.home, err);
-        }
-        result
+        finish_tool(answer, name, ctx, finish)
     }
 
     fn after_tool<'a>(
