@@ -49,10 +49,9 @@ pub(crate) enum ToolWalk<'a> {
 /// What becomes of a tool call's answer that [`ToolWalk::Service`] left
 /// to its caller.
 pub(crate) struct ToolFinish {
-    /// The tool's panic is caught, its nameless tripwire named, and its
-    /// failure the model's error result: a lifecycle chain is above it.
-    pub(crate) guarded: bool,
-    /// The depth of the run the stack above the tool was installed for.
+    /// The depth of the run the lifecycle chain above the tool was
+    /// installed for; with one, the tool's panic is caught, its nameless
+    /// tripwire named, and its failure the model's error result.
     pub(crate) home: Option<usize>,
     /// The first error of the stack's delta hooks, which cuts the call.
     pub(crate) abort: Option<Arc<dyn CallAbort>>,
@@ -62,10 +61,14 @@ impl ToolFinish {
     /// Nothing above the tool: its answer goes out as it is.
     pub(crate) fn plain() -> Self {
         Self {
-            guarded: false,
             home: None,
             abort: None,
         }
+    }
+
+    /// Whether a lifecycle chain is above the tool.
+    pub(crate) fn guarded(&self) -> bool {
+        self.home.is_some()
     }
 }
 

@@ -306,11 +306,7 @@ pub(crate) fn tool_walk(
     home: Option<usize>,
 ) -> ToolWalk<'_> {
     let failure = tool_guard(stack, &mut invocation);
-    let finish = |abort: Option<Arc<dyn CallAbort>>| ToolFinish {
-        guarded: true,
-        home,
-        abort,
-    };
+    let finish = |abort: Option<Arc<dyn CallAbort>>| ToolFinish { home, abort };
     if !stack.has(HookPoint::WrapTool) {
         return ToolWalk::Service {
             service: base,

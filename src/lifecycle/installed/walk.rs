@@ -71,7 +71,7 @@ pub(super) fn finish_tool(
 ) -> Result<ToolOutput, BoxError> {
     let result = match answer {
         ToolAnswer::Answered(Ok(Ok(output))) => Ok(output),
-        ToolAnswer::Answered(Ok(Err(err))) if !finish.guarded => Err(err),
+        ToolAnswer::Answered(Ok(Err(err))) if !finish.guarded() => Err(err),
         ToolAnswer::Answered(answer) => {
             innermost_answer::<ToolInvocation>(answer, &InlineStr::copy(name), Some(ctx))
         }

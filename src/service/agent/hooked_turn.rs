@@ -16,7 +16,7 @@ use crate::error::BoxError;
 use crate::hooks::{CallAbort, HookFuture, HookPort, ModelWalk, ToolAnswer, ToolFinish, ToolWalk};
 use crate::request::{BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput};
 use crate::service::ToolRouter;
-use crate::types::{ModelName, ModelResponse};
+use crate::types::{ModelName, ModelResponse, ToolCall};
 
 /// One model call through `hooks`: the walk down their wrap hooks when
 /// first polled, then the model's own future, or the future a wrap hook
@@ -118,12 +118,16 @@ impl Future for HookedCall<'_> {
 
 /// One tool call through `hooks`, as [`HookedCall`] a model call: the walk
 /// when first polled, then the tool stack's own future (the router's, when
-/// no tool layer wraps it), or the future a wrap hook answers with.
+/// no tool layer wraps it), or the future a wrap hook answers with. No
+/// bigger than a call straight to the tool stack: a step's future, which
+/// holds either, does not grow.
 pub(super) struct HookedToolCall<'a> {
     hooks: &'a dyn HookPort,
     ctx: &'a RunContext,
-    /// The tool's name, for its errors.
-    name: &'a str,
+    /// The call, for the tool's name in its errors.
+    call: &'a ToolCall,
+    /// The tool stack, cloned for the walk.
+    tools: &'a BoxTool,
     /// The router, when the tool stack is the router alone.
     router: Option<&'a ToolRouter>,
     state: ToolState<'a>,
@@ -131,45 +135,44 @@ pub(super) struct HookedToolCall<'a> {
 
 enum ToolState<'a> {
     /// Not polled yet.
-    Start(ToolInvocation, BoxTool),
+    Start(ToolInvocation),
     Tool {
-        below: Below,
-        invocation: Option<ToolInvocation>,
+        /// The tool stack every wrap hook handed the call on to; `None`:
+        /// the router, called on a clone of its own.
+        stack: Option<BoxTool>,
+        calling: Calling,
         finish: ToolFinish,
     },
     Hooked(HookFuture<'a, ToolOutput>),
     Done,
 }
 
-/// The service below the wrap hooks, and its call once it was ready.
-enum Below {
-    Router(
-        ToolRouter,
-        Option<<ToolRouter as Service<ToolInvocation>>::Future>,
-    ),
-    Stack(
-        BoxTool,
-        Option<<BoxTool as Service<ToolInvocation>>::Future>,
-    ),
+/// A call below the wrap hooks: waiting for its service, or called.
+enum Calling {
+    Waiting(ToolInvocation),
+    Routed(<ToolRouter as Service<ToolInvocation>>::Future),
+    Called(<BoxTool as Service<ToolInvocation>>::Future),
+    Taken,
 }
 
 impl<'a> HookedToolCall<'a> {
-    /// `invocation` of tool `name` in `ctx`'s run, to `tools` through
-    /// `hooks`; `router` is `tools` unwrapped, when no layer wraps it.
+    /// `invocation` of `call` in `ctx`'s run, to `tools` through `hooks`;
+    /// `router` is `tools` unwrapped, when no layer wraps it.
     pub(super) fn new(
         hooks: &'a dyn HookPort,
         ctx: &'a RunContext,
-        name: &'a str,
+        call: &'a ToolCall,
         invocation: ToolInvocation,
-        tools: BoxTool,
+        tools: &'a BoxTool,
         router: Option<&'a ToolRouter>,
     ) -> Self {
         Self {
             hooks,
             ctx,
-            name,
+            call,
+            tools,
             router,
-            state: ToolState::Start(invocation, tools),
+            state: ToolState::Start(invocation),
         }
     }
 }
@@ -180,12 +183,11 @@ impl Future for HookedToolCall<'_> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         if matches!(this.state, ToolState::Start(..)) {
-            let ToolState::Start(invocation, tools) =
-                std::mem::replace(&mut this.state, ToolState::Done)
+            let ToolState::Start(invocation) = std::mem::replace(&mut this.state, ToolState::Done)
             else {
                 unreachable!("checked above");
             };
-            this.state = match this.hooks.walk_tool(invocation, tools) {
+            this.state = match this.hooks.walk_tool(invocation, this.tools.clone()) {
                 ToolWalk::Service {
                     service,
                     invocation,
@@ -193,44 +195,32 @@ impl Future for HookedToolCall<'_> {
                 } => ToolState::Tool {
                     // What every wrap hook handed on is the agent's own tool
                     // stack: the router itself, when nothing wraps it.
-                    below: match this.router {
-                        Some(router) => Below::Router(router.clone(), None),
-                        None => Below::Stack(service, None),
-                    },
-                    invocation: Some(invocation),
+                    stack: this.router.is_none().then_some(service),
+                    calling: Calling::Waiting(invocation),
                     finish,
                 },
                 ToolWalk::Future(future) => ToolState::Hooked(future),
             };
         }
-        let (below, invocation, finish) = match &mut this.state {
+        let (stack, calling, finish) = match &mut this.state {
             ToolState::Hooked(future) => return Pin::new(future).poll(cx),
             ToolState::Tool {
-                below,
-                invocation,
+                stack,
+                calling,
                 finish,
-            } => (below, invocation, &*finish),
+            } => (stack, calling, &*finish),
             ToolState::Start(..) | ToolState::Done => {
                 panic!("HookedToolCall polled after completion")
             }
         };
         let abort = finish.abort.as_deref();
-        let failed = abort.and_then(CallAbort::failed);
-        let answer = match failed {
+        let answer = match abort.and_then(CallAbort::failed) {
             Some(err) => ToolAnswer::Failed(err),
             None => {
                 if let Some(abort) = abort {
                     abort.register(cx.waker());
                 }
-                let polled = match below {
-                    Below::Router(router, called) => {
-                        poll_tool(router, called, invocation, finish.guarded, cx)
-                    }
-                    Below::Stack(tools, called) => {
-                        poll_tool(tools, called, invocation, finish.guarded, cx)
-                    }
-                };
-                match polled {
+                match poll_tool(stack, this.router, calling, finish.guarded(), cx) {
                     Poll::Ready(answer) => answer,
                     Poll::Pending => match abort.and_then(CallAbort::failed) {
                         Some(err) => ToolAnswer::Failed(err),
@@ -239,41 +229,59 @@ impl Future for HookedToolCall<'_> {
                 }
             }
         };
-        let result = this.hooks.finish_tool(answer, this.name, this.ctx, finish);
+        let result = this
+            .hooks
+            .finish_tool(answer, &this.call.name, this.ctx, finish);
         this.state = ToolState::Done;
         Poll::Ready(result)
     }
 }
 
-/// Drives `service` to readiness, calls it with `invocation` and polls its
-/// future, its panic caught when `guarded`.
-fn poll_tool<S>(
-    service: &mut S,
-    called: &mut Option<S::Future>,
-    invocation: &mut Option<ToolInvocation>,
+/// Drives the tool stack (`stack`, or a clone of `router`) to readiness,
+/// calls it and polls its future, its panic caught when `guarded`.
+fn poll_tool(
+    stack: &mut Option<BoxTool>,
+    router: Option<&ToolRouter>,
+    calling: &mut Calling,
     guarded: bool,
     cx: &mut Context<'_>,
-) -> Poll<ToolAnswer>
-where
-    S: Service<ToolInvocation, Response = ToolOutput, Error = BoxError>,
-    S::Future: Unpin,
-{
-    if called.is_none() {
-        if let Err(err) = ready!(service.poll_ready(cx)) {
-            return Poll::Ready(ToolAnswer::Failed(err));
-        }
-        let invocation = invocation
-            .take()
-            .expect("HookedToolCall polled after completion");
-        *called = Some(service.call(invocation));
+) -> Poll<ToolAnswer> {
+    if matches!(calling, Calling::Waiting(_)) {
+        let called = match (stack.as_mut(), router) {
+            (Some(tools), _) => {
+                if let Err(err) = ready!(tools.poll_ready(cx)) {
+                    return Poll::Ready(ToolAnswer::Failed(err));
+                }
+                let Calling::Waiting(invocation) = std::mem::replace(calling, Calling::Taken)
+                else {
+                    unreachable!("checked above");
+                };
+                Calling::Called(tools.call(invocation))
+            }
+            (None, Some(router)) => {
+                let mut router = router.clone();
+                if let Err(err) = ready!(router.poll_ready(cx)) {
+                    return Poll::Ready(ToolAnswer::Failed(err));
+                }
+                let Calling::Waiting(invocation) = std::mem::replace(calling, Calling::Taken)
+                else {
+                    unreachable!("checked above");
+                };
+                Calling::Routed(router.call(invocation))
+            }
+            (None, None) => unreachable!("the router stands for the tool stack only when set"),
+        };
+        *calling = called;
     }
-    let fut = called.as_mut().expect("called above");
+    let mut poll = |cx: &mut Context<'_>| match calling {
+        Calling::Routed(fut) => Pin::new(fut).poll(cx),
+        Calling::Called(fut) => fut.as_mut().poll(cx),
+        Calling::Waiting(_) | Calling::Taken => panic!("HookedToolCall polled after completion"),
+    };
     if !guarded {
-        return Pin::new(fut)
-            .poll(cx)
-            .map(|answer| ToolAnswer::Answered(Ok(answer)));
+        return poll(cx).map(|answer| ToolAnswer::Answered(Ok(answer)));
     }
-    match catch_unwind(AssertUnwindSafe(|| Pin::new(&mut *fut).poll(cx))) {
+    match catch_unwind(AssertUnwindSafe(|| poll(cx))) {
         Ok(Poll::Pending) => Poll::Pending,
         Ok(Poll::Ready(answer)) => Poll::Ready(ToolAnswer::Answered(Ok(answer))),
         Err(panic) => Poll::Ready(ToolAnswer::Answered(Err(panic))),
