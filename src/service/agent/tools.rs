@@ -362,9 +362,9 @@ impl Run {
             (Some(hooks), router) => Either::Left(HookedToolCall::new(
                 &**hooks,
                 ctx,
-                &call.name,
+                call,
                 invocation,
-                self.config.tools.clone(),
+                &self.config.tools,
                 router.as_ref(),
             )),
             (None, Some(router)) => Either::Right(Either::Left(router.clone().oneshot(invocation))),
