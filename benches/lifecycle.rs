@@ -96,7 +96,11 @@ impl Middleware for Noop {
     ) -> Hook<'a, ()> {
         Hook::skip()
     }
-    fn after_tool_batch<'a>(&'a self, _: &'a RunContext, _: &'a [ToolCallResult]) -> Hook<'a, ()> {
+    fn after_tool_batch<'a>(
+        &'a self,
+        _: &'a RunContext,
+        _: &'a [ToolCallResult<'a>],
+    ) -> Hook<'a, ()> {
         Hook::skip()
     }
     fn before_stop<'a>(

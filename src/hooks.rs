@@ -17,78 +17,28 @@
 //! [`before_compaction`], [`after_compaction`], [`before_model_switch`].
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use serde_json::Value;
 
 pub use crate::approvals::StickyApprovals;
-use crate::context::RunContext;
+use crate::context::{PortSlot, RunContext};
 use crate::error::{AgentError, BoxError};
 use crate::request::{
     BoxAgent, BoxModel, BoxTool, ModelCall, RunRequest, ToolInvocation, ToolOutput,
 };
-use crate::types::{AgentRun, ApprovalDecision, History, Message, ModelResponse, ToolCall};
+use crate::types::{
+    AgentRun, ApprovalDecision, History, Message, ModelName, ModelResponse, ToolCall,
+};
 
-/// The future of a hook point: a value already there, or a boxed future.
-///
-/// A hook point with nothing to do answers [`HookFuture::ok`], which costs no
-/// allocation; only hooks that really wait are boxed.
-#[must_use = "futures do nothing unless polled"]
-pub(crate) struct HookFuture<'a, T> {
-    kind: HookFutureKind<'a, T>,
-}
+mod walk;
+pub(crate) use walk::{CallAbort, ModelWalk, ToolAnswer, ToolFinish, ToolWalk};
 
-enum HookFutureKind<'a, T> {
-    Ready(Option<Result<T, BoxError>>),
-    Boxed(BoxFuture<'a, Result<T, BoxError>>),
-}
-
-impl<'a, T> HookFuture<'a, T> {
-    /// A hook point that is already done with `value`.
-    pub(crate) fn ok(value: T) -> Self {
-        Self {
-            kind: HookFutureKind::Ready(Some(Ok(value))),
-        }
-    }
-
-    /// A hook point that is already done with `result`.
-    pub(crate) fn ready(result: Result<T, BoxError>) -> Self {
-        Self {
-            kind: HookFutureKind::Ready(Some(result)),
-        }
-    }
-
-    /// A hook point that waits for `future`.
-    pub(crate) fn new<F>(future: F) -> Self
-    where
-        F: Future<Output = Result<T, BoxError>> + Send + 'a,
-    {
-        Self {
-            kind: HookFutureKind::Boxed(Box::pin(future)),
-        }
-    }
-}
-
-// Nothing is pinned structurally: the boxed future is pinned on the heap.
-impl<T> Unpin for HookFuture<'_, T> {}
-
-impl<T> Future for HookFuture<'_, T> {
-    type Output = Result<T, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.get_mut().kind {
-            HookFutureKind::Ready(value) => {
-                Poll::Ready(value.take().expect("HookFuture polled after completion"))
-            }
-            HookFutureKind::Boxed(future) => future.as_mut().poll(cx),
-        }
-    }
-}
+mod hook_future;
+pub(crate) use hook_future::HookFuture;
 
 /// How a run starts, as `before_agent` sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,10 +195,13 @@ pub struct Compaction {
 }
 
 /// One tool call of a step and its result, as `after_tool_batch` sees it.
+///
+/// The call is the conversation's own, borrowed, unless a hook rewrote its
+/// arguments: a step copies no call for its hooks.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ToolCallResult {
+pub struct ToolCallResult<'a> {
     /// The call (with the arguments it ran with).
-    pub call: ToolCall,
+    pub call: Cow<'a, ToolCall>,
     /// What it answered.
     pub output: ToolOutput,
 }
@@ -310,6 +263,21 @@ pub(crate) trait HookPort: Send + Sync + 'static {
         next: BoxModel,
     ) -> BoxFuture<'_, Result<ModelResponse, BoxError>>;
 
+    /// [`wrap_model`](Self::wrap_model) for a caller that calls the model
+    /// itself when every wrap hook hands the call on: the walk down the wrap
+    /// hooks happens here, at once; call it where the call would be first
+    /// polled.
+    fn walk_model(&self, call: ModelCall, next: BoxModel) -> ModelWalk<'_>;
+
+    /// What the answer of the model called for a guarded
+    /// [`ModelWalk::Service`] becomes (`answer` caught its panic): what the
+    /// future [`wrap_model`](Self::wrap_model) makes would have answered.
+    fn model_answer(
+        &self,
+        answer: std::thread::Result<Result<ModelResponse, BoxError>>,
+        model: &ModelName,
+    ) -> Result<ModelResponse, BoxError>;
+
     /// After each answer, before the run uses it.
     fn after_model<'a>(
         &'a self,
@@ -335,6 +303,23 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     /// Around each tool call that passed approval, ending in `next`.
     fn wrap_tool(&self, invocation: ToolInvocation, next: BoxTool) -> HookFuture<'_, ToolOutput>;
 
+    /// [`wrap_tool`](Self::wrap_tool) for a caller that calls the tool stack
+    /// itself when every wrap hook hands the call on: the walk down the wrap
+    /// hooks happens here, at once; call it where the call would be first
+    /// polled.
+    fn walk_tool(&self, invocation: ToolInvocation, next: BoxTool) -> ToolWalk<'_>;
+
+    /// What a tool call of a [`ToolWalk::Service`], to tool `name` in
+    /// `ctx`'s run, answers: what the future [`wrap_tool`](Self::wrap_tool)
+    /// makes would have answered.
+    fn finish_tool(
+        &self,
+        answer: ToolAnswer,
+        name: &str,
+        ctx: &RunContext,
+        finish: &ToolFinish,
+    ) -> Result<ToolOutput, BoxError>;
+
     /// After each tool call.
     fn after_tool<'a>(
         &'a self,
@@ -347,7 +332,7 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     fn after_tool_batch<'a>(
         &'a self,
         ctx: &'a RunContext,
-        results: &'a [ToolCallResult],
+        results: &'a [ToolCallResult<'a>],
     ) -> HookFuture<'a, ()>;
 
     /// The agent would stop with `output`: `Some(text)` keeps it going.
@@ -422,7 +407,19 @@ pub(crate) fn installed(ctx: &RunContext) -> Option<Arc<dyn HookPort>> {
 
 /// Installs `hooks` into `ctx`'s run, replacing any.
 pub(crate) fn install(ctx: &RunContext, hooks: Arc<dyn HookPort>) {
-    ctx.set_port_slot(Arc::new(Installed(hooks)));
+    ctx.set_port_slot(port_slot(hooks));
+}
+
+/// `hooks` as the context's port slot holds them, to install in any number
+/// of runs with [`install_slot`].
+pub(crate) fn port_slot(hooks: Arc<dyn HookPort>) -> PortSlot {
+    Arc::new(Installed(hooks))
+}
+
+/// Installs the hooks of `slot` (made by [`port_slot`]) into `ctx`'s run,
+/// replacing any.
+pub(crate) fn install_slot(ctx: &RunContext, slot: &PortSlot) {
+    ctx.set_port_slot(slot.clone());
 }
 
 /// What the context's port slot holds.

@@ -164,7 +164,7 @@ impl Middleware for Everything {
     fn after_tool_batch<'a>(
         &'a self,
         ctx: &'a RunContext,
-        results: &'a [ToolCallResult],
+        results: &'a [ToolCallResult<'a>],
     ) -> Hook<'a, ()> {
         self.seen
             .push(format!("after_tool_batch {}", results.len()));

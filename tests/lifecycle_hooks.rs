@@ -222,7 +222,7 @@ impl Middleware for Batch {
     fn after_tool_batch<'a>(
         &'a self,
         ctx: &'a RunContext,
-        results: &'a [ToolCallResult],
+        results: &'a [ToolCallResult<'a>],
     ) -> Hook<'a, ()> {
         self.seen
             .lock()

@@ -5,18 +5,21 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use futures::future::Either;
 use futures::task::AtomicWaker;
 use futures::FutureExt;
 use tower::Service;
 
+use super::chain_run::ChainRun;
 use super::inline_bytes::{Builder, InlineBytes};
-use super::next::call_innermost;
+use super::next::{call_innermost, step, Step};
 use super::stack::CompiledStack;
 use super::{HookPoint, Next, ResponseFuture};
+use crate::context::RunContext;
 use crate::error::{kind_of, AgentError, BoxError, ErrorKind};
+use crate::hooks::{CallAbort, HookFuture, ToolFinish, ToolWalk};
 use crate::request::{
     BoxModel, BoxTool, Deliver, DeltaSink, ModelCall, ToolInvocation, ToolOutput,
 };
@@ -281,20 +284,7 @@ fn tool_call_via<F>(
 where
     F: Future<Output = Result<ToolOutput, BoxError>> + Send,
 {
-    let failure = if stack.has(HookPoint::OnToolDelta) {
-        let (hooks, ctx, call) = (
-            stack.clone(),
-            invocation.context.clone(),
-            CallCopy::new(&invocation.call),
-        );
-        let (sink, guard) = guard_sink(invocation.stream.take(), move |delta: &mut ModelDelta| {
-            hooks.on_tool_delta(&ctx, call.get(), delta)
-        });
-        invocation.stream = Some(sink);
-        Some(guard)
-    } else {
-        None
-    };
+    let failure = tool_guard(stack, &mut invocation);
     let ctx = invocation.context.clone();
     let fut = if stack.has(HookPoint::WrapTool) {
         Either::Left(run(
@@ -304,20 +294,126 @@ where
     } else {
         Either::Right(call_innermost(base, invocation, true))
     };
+    noted(fut, failure, ctx, home)
+}
+
+/// [`tool_call_in`] for a caller that calls the tool stack itself when
+/// every wrap hook hands the call on: the walk happens here, at once.
+pub(crate) fn tool_walk(
+    stack: &Arc<CompiledStack>,
+    mut invocation: ToolInvocation,
+    base: BoxTool,
+    home: Option<usize>,
+) -> ToolWalk<'_> {
+    let failure = tool_guard(stack, &mut invocation);
+    let finish = |abort: Option<Arc<dyn CallAbort>>| ToolFinish { home, abort };
+    if !stack.has(HookPoint::WrapTool) {
+        return ToolWalk::Service {
+            service: base,
+            invocation,
+            finish: finish(failure.map(|g| g as Arc<dyn CallAbort>)),
+        };
+    }
+    let ctx = invocation.context.clone();
+    let next = Next::chain(stack.entries.clone(), base, home);
+    let fut = match step(Some(&stack.entries), next, invocation) {
+        Step::Innermost(service, invocation, _) => {
+            return ToolWalk::Service {
+                service,
+                invocation,
+                finish: finish(failure.map(|g| g as Arc<dyn CallAbort>)),
+            };
+        }
+        step => match ChainRun::after(step) {
+            Ok(run) => Either::Left(run),
+            Err(err) => Either::Right(std::future::ready(Err(err))),
+        },
+    };
+    ToolWalk::Future(HookFuture::new(noted(fut, failure, ctx, home)))
+}
+
+/// The delta hooks' sink of a tool call through `stack`, put in
+/// `invocation`, and the state it shares with the call's future; `None`
+/// when the stack has no delta hook.
+fn tool_guard(
+    stack: &Arc<CompiledStack>,
+    invocation: &mut ToolInvocation,
+) -> Option<Arc<Guard<impl DeltaHooks>>> {
+    if !stack.has(HookPoint::OnToolDelta) {
+        return None;
+    }
+    let (hooks, ctx, call) = (
+        stack.clone(),
+        invocation.context.clone(),
+        CallCopy::new(&invocation.call),
+    );
+    let (sink, guard) = guard_sink(invocation.stream.take(), move |delta: &mut ModelDelta| {
+        hooks.on_tool_delta(&ctx, call.get(), delta)
+    });
+    invocation.stream = Some(sink);
+    Some(guard)
+}
+
+/// The delta hooks a sink runs on each delta.
+trait DeltaHooks: Fn(&mut ModelDelta) -> Result<(), AgentError> + Send + Sync + 'static {}
+
+impl<H> DeltaHooks for H where
+    H: Fn(&mut ModelDelta) -> Result<(), AgentError> + Send + Sync + 'static
+{
+}
+
+/// A tool call's future cut by the first error of its delta hooks
+/// (`failure`), whose middleware failure is noted for the runs it fails.
+fn noted<F, G>(
+    fut: F,
+    failure: Option<Arc<G>>,
+    ctx: RunContext,
+    home: Option<usize>,
+) -> impl Future<Output = Result<ToolOutput, BoxError>> + Send
+where
+    F: Future<Output = Result<ToolOutput, BoxError>> + Send,
+    G: AsRef<DeltaFailure> + Send + Sync,
+{
     let fut = match failure {
         None => Either::Left(fut),
         Some(guard) => Either::Right(Raced { fut, guard }),
     };
-    // What fails here as a middleware error is this stack's (a nested
-    // run's own failures became error results below): it fails the runs up
-    // to the one the stack was installed for.
     fut.inspect(move |result| {
-        if let (Err(err), Some(home)) = (result, home) {
-            if kind_of(err.as_ref()) == ErrorKind::Middleware {
-                ctx.note_hook_failure(ctx.depth().saturating_sub(home));
-            }
+        if let Err(err) = result {
+            note_failure(&ctx, home, err);
         }
     })
+}
+
+/// What fails a tool call as a middleware error is this stack's (a nested
+/// run's own failures became error results below): it fails the runs up to
+/// the one the stack was installed for, at `home`.
+pub(crate) fn note_failure(ctx: &RunContext, home: Option<usize>, err: &BoxError) {
+    if let Some(home) = home {
+        if kind_of(err.as_ref()) == ErrorKind::Middleware {
+            ctx.note_hook_failure(ctx.depth().saturating_sub(home));
+        }
+    }
+}
+
+impl<H> CallAbort for Guard<H>
+where
+    H: Send + Sync,
+{
+    fn failed(&self) -> Option<BoxError> {
+        self.failure
+            .failed
+            .load(Ordering::Acquire)
+            .then(|| self.failure.error_box())
+    }
+
+    fn register(&self, waker: &Waker) {
+        self.failure.waker.register(waker);
+    }
+
+    fn take(&self) -> Option<BoxError> {
+        self.failure.take().map(|err| Box::new(err) as BoxError)
+    }
 }
 
 /// A stack's part of the model onion as a service: what the inherited

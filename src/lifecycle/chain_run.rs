@@ -31,6 +31,32 @@ impl<Req: WrapRequest> Next<Req> {
     }
 }
 
+impl<'a, Req: WrapRequest> ChainRun<'a, Req> {
+    /// The rest of a run whose walk down the chain ended at `step`, or the
+    /// error it ended with.
+    pub(super) fn after(step: Step<'a, Req>) -> Result<Self, BoxError> {
+        Ok(match step {
+            Step::Innermost(service, req, recover) => {
+                ChainRun::Calling(call_innermost(service, req, recover))
+            }
+            Step::Failed(err) => return Err(err),
+            Step::Elsewhere(next, req) => ChainRun::Elsewhere(Box::pin(next.run(req))),
+            Step::Hooked {
+                entry,
+                ctx,
+                home,
+                future,
+            } => ChainRun::Hooked(Hooked {
+                entry,
+                ctx,
+                home,
+                future,
+                state: Bracket::Unopened,
+            }),
+        })
+    }
+}
+
 /// The future of [`Next::run_in`]. The walk happens when it is first
 /// polled, as with [`Next::run`].
 pub(crate) enum ChainRun<'a, Req: WrapRequest> {
@@ -58,27 +84,12 @@ impl<'a, Req: WrapRequest> Future for ChainRun<'a, Req> {
         if let ChainRun::Start { chain, start } = this {
             let chain: &'a Arc<[Entry]> = chain;
             let (next, req) = start.take().expect("ChainRun polled after completion");
-            *this = match step(Some(chain), next, req) {
-                Step::Innermost(service, req, recover) => {
-                    ChainRun::Calling(call_innermost(service, req, recover))
-                }
-                Step::Failed(err) => {
+            *this = match ChainRun::after(step(Some(chain), next, req)) {
+                Ok(run) => run,
+                Err(err) => {
                     *this = ChainRun::Finished;
                     return Poll::Ready(Err(err));
                 }
-                Step::Elsewhere(next, req) => ChainRun::Elsewhere(Box::pin(next.run(req))),
-                Step::Hooked {
-                    entry,
-                    ctx,
-                    home,
-                    future,
-                } => ChainRun::Hooked(Hooked {
-                    entry,
-                    ctx,
-                    home,
-                    future,
-                    state: Bracket::Unopened,
-                }),
             };
         }
         let result = match this {

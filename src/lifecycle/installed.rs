@@ -11,6 +11,7 @@ use tower::ServiceExt;
 
 use super::call_chain::{model_call_in, tool_call_in, StackModel, StackTool};
 use super::edit_watch::watcher;
+use super::next::innermost_answer;
 use super::placement::AgentLevels;
 use super::stack::CompiledStack;
 use super::verdict::merge_verdicts;
@@ -18,13 +19,20 @@ use super::HookPoint;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError, ErrorKind};
 use crate::hooks::{
-    AgentMiddleware, ApprovalVerdict, Compaction, HookFuture, HookPort, Notification, RunOutcome,
-    RunStart, ToolCallResult, ToolVerdict,
+    AgentMiddleware, ApprovalVerdict, Compaction, HookFuture, HookPort, ModelWalk, Notification,
+    RunOutcome, RunStart, ToolAnswer, ToolCallResult, ToolFinish, ToolVerdict, ToolWalk,
 };
 use crate::request::{
     box_model, box_tool, BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput,
 };
-use crate::types::{History, Message, ModelResponse, ToolCall};
+use crate::types::{History, Message, ModelName, ModelResponse, ToolCall};
+
+mod levels;
+mod walk;
+
+pub(crate) use levels::Levels;
+
+use walk::finish_tool;
 
 /// The hook points of a run: `outer` (inherited), then `stack`.
 pub(crate) struct InstalledHooks {
@@ -37,32 +45,6 @@ pub(crate) struct InstalledHooks {
     /// The depth of the run these were installed for: a hook of `stack`
     /// failing in a run nested deeper fails every run up to that one.
     depth: usize,
-}
-
-/// The levels of one frame of hooks, composed in this order (the first
-/// outermost). `agent` and `agent_builtins` belong to the agent running the
-/// run; a handoff replaces them, the others stay.
-#[derive(Clone)]
-pub(crate) struct Levels {
-    pub(crate) runtime: Arc<CompiledStack>,
-    pub(crate) agent: Arc<CompiledStack>,
-    pub(crate) run: Arc<CompiledStack>,
-    pub(crate) builtins: Arc<CompiledStack>,
-    /// The built-ins of the agent's own middleware
-    /// ([`AgentBuilder::middleware`](crate::AgentBuilder::middleware)).
-    pub(crate) agent_builtins: Arc<CompiledStack>,
-}
-
-impl Levels {
-    fn compose(&self) -> Arc<CompiledStack> {
-        CompiledStack::compose(&[
-            &self.runtime,
-            &self.agent,
-            &self.run,
-            &self.builtins,
-            &self.agent_builtins,
-        ])
-    }
 }
 
 impl InstalledHooks {
@@ -274,6 +256,18 @@ impl HookPort for InstalledHooks {
         }
     }
 
+    fn walk_model(&self, call: ModelCall, next: BoxModel) -> ModelWalk<'_> {
+        self.walk_model_here(call, next)
+    }
+
+    fn model_answer(
+        &self,
+        answer: std::thread::Result<Result<ModelResponse, BoxError>>,
+        model: &ModelName,
+    ) -> Result<ModelResponse, BoxError> {
+        innermost_answer::<ModelCall>(answer, model, None)
+    }
+
     fn after_model<'a>(
         &'a self,
         ctx: &'a RunContext,
@@ -380,6 +374,20 @@ impl HookPort for InstalledHooks {
         }
     }
 
+    fn walk_tool(&self, invocation: ToolInvocation, next: BoxTool) -> ToolWalk<'_> {
+        self.walk_tool_here(invocation, next)
+    }
+
+    fn finish_tool(
+        &self,
+        answer: ToolAnswer,
+        name: &str,
+        ctx: &RunContext,
+        finish: &ToolFinish,
+    ) -> Result<ToolOutput, BoxError> {
+        finish_tool(answer, name, ctx, finish)
+    }
+
     fn after_tool<'a>(
         &'a self,
         ctx: &'a RunContext,
@@ -413,7 +421,7 @@ impl HookPort for InstalledHooks {
     fn after_tool_batch<'a>(
         &'a self,
         ctx: &'a RunContext,
-        results: &'a [ToolCallResult],
+        results: &'a [ToolCallResult<'a>],
     ) -> HookFuture<'a, ()> {
         match (&self.outer, self.stack.has(HookPoint::AfterToolBatch)) {
             (None, false) => HookFuture::ok(()),

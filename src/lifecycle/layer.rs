@@ -2,7 +2,9 @@
 //! same bracketing behind an agent's own middleware ([`AgentMiddleware`]).
 
 use std::fmt;
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use tower::{Layer, Service};
@@ -15,15 +17,19 @@ use super::placement::AgentLevels;
 use super::runtime::RunMiddleware;
 use super::stack::CompiledStack;
 use super::{Middleware, MiddlewareStack};
+use crate::context::PortSlot;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
-use crate::hooks::{install, AgentMiddleware, HookPort, RunBracket, RunOutcome, RunStart};
+use crate::hooks::{
+    install, install_slot, port_slot, AgentMiddleware, HookPort, RunBracket, RunOutcome, RunStart,
+};
 use crate::request::{BoxAgent, RunInput, RunRequest};
 use crate::types::AgentRun;
 
-/// The response future of the lifecycle services ([`Lifecycle`],
-/// [`FromFn`](super::FromFn), [`WrapModel`](super::WrapModel),
-/// [`WrapTool`](super::WrapTool)).
+/// The response future of the lifecycle adapters
+/// ([`FromFn`](super::FromFn), [`WrapModel`](super::WrapModel),
+/// [`WrapTool`](super::WrapTool)), and of a [`Lifecycle`] run its hooks
+/// bracket.
 ///
 /// Boxed behind this name so that it can change without breaking users.
 pub type ResponseFuture<T, E = BoxError> = crate::future::BoxResponseFuture<T, E>;
@@ -47,6 +53,17 @@ pub type ResponseFuture<T, E = BoxError> = crate::future::BoxResponseFuture<T, E
 #[derive(Clone)]
 pub struct LifecycleLayer {
     levels: AgentLevels,
+    /// The frames of the root runs these levels make, once made.
+    roots: Arc<RootFrames>,
+}
+
+/// The hooks of a root run of a layer's service that claims no runtime and
+/// has no middleware of its own: the same for each such run, so made once
+/// (by the layer's own services, and by those of an agent's own
+/// middleware, whose built-ins are placed apart).
+#[derive(Default)]
+struct RootFrames {
+    frames: [OnceLock<(Arc<InstalledHooks>, PortSlot)>; 2],
 }
 
 impl LifecycleLayer {
@@ -58,6 +75,7 @@ impl LifecycleLayer {
                 agent: stack.compile(),
                 builtins: CompiledStack::empty(),
             },
+            roots: Arc::default(),
         }
     }
 
@@ -68,12 +86,14 @@ impl LifecycleLayer {
                 agent,
                 builtins: CompiledStack::empty(),
             },
+            roots: Arc::default(),
         }
     }
 
     /// Middleware placed nearest the model, inside the run's.
     pub fn builtins(mut self, stack: MiddlewareStack) -> Self {
         self.levels.builtins = stack.compile();
+        self.roots = Arc::default();
         self
     }
 }
@@ -132,7 +152,7 @@ where
 {
     type Response = AgentRun;
     type Error = AgentError;
-    type Future = ResponseFuture<AgentRun, AgentError>;
+    type Future = LifecycleFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), AgentError>> {
         self.inner
@@ -148,31 +168,35 @@ where
             && run.as_ref().is_none_or(|r| r.stack.inert())
             && crate::hooks::installed(&request.context).is_none()
         {
-            let call = self.inner.call(request);
-            return ResponseFuture::new(async move {
-                call.await.map_err(|e| AgentError::classify(e.into()))
-            });
+            return LifecycleFuture {
+                kind: Kind::Inert {
+                    fut: self.inner.call(request),
+                },
+            };
         }
         let ctx = request.context.clone();
         // An outer lifecycle layer on this same run already brackets it:
         // this one adds its middleware inside and brackets only those.
         let nested = ctx.is_bracketed();
-        let runtime = self.layer.levels.claim_runtime(&ctx);
-        let empty = CompiledStack::empty();
-        let (builtins, agent_builtins) = if self.own {
-            (empty.clone(), self.layer.levels.builtins.clone())
+        let root = !nested
+            && self.layer.levels.runtime.is_none()
+            && run.is_none()
+            && ctx.depth() == 0
+            && crate::hooks::installed(&ctx).is_none();
+        let frame = if root {
+            let (frame, slot) = self.layer.roots.frames[usize::from(self.own)].get_or_init(|| {
+                let frame = Arc::new(InstalledHooks::new(&ctx, self.levels(None, None)));
+                let slot = port_slot(frame.clone() as Arc<dyn HookPort>);
+                (frame, slot)
+            });
+            install_slot(&ctx, slot);
+            frame.clone()
         } else {
-            (self.layer.levels.builtins.clone(), empty.clone())
+            let runtime = self.layer.levels.claim_runtime(&ctx).cloned();
+            let frame = Arc::new(InstalledHooks::new(&ctx, self.levels(runtime, run)));
+            install(&ctx, frame.clone() as Arc<dyn HookPort>);
+            frame
         };
-        let levels = Levels {
-            runtime: runtime.cloned().unwrap_or_else(|| empty.clone()),
-            agent: self.layer.levels.agent.clone(),
-            run: run.map_or_else(|| empty.clone(), |r| r.stack),
-            builtins,
-            agent_builtins,
-        };
-        let frame = Arc::new(InstalledHooks::new(&ctx, levels));
-        install(&ctx, frame.clone() as Arc<dyn HookPort>);
         let resumed = matches!(request.input, RunInput::Resume { .. });
         let start = RunStart {
             resumed,
@@ -181,7 +205,70 @@ where
         // Take the service that was made ready; leave a clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(bracket(frame, nested, ctx, start, inner, request))
+        LifecycleFuture {
+            kind: Kind::Bracketed {
+                fut: ResponseFuture::new(bracket(frame, nested, ctx, start, inner, request)),
+            },
+        }
+    }
+}
+
+impl<S> Lifecycle<S> {
+    /// The levels of a run with `runtime` claimed and `run`'s middleware.
+    fn levels(&self, runtime: Option<Arc<CompiledStack>>, run: Option<RunMiddleware>) -> Levels {
+        let empty = CompiledStack::empty();
+        let (builtins, agent_builtins) = if self.own {
+            (empty.clone(), self.layer.levels.builtins.clone())
+        } else {
+            (self.layer.levels.builtins.clone(), empty.clone())
+        };
+        Levels {
+            runtime: runtime.unwrap_or_else(|| empty.clone()),
+            agent: self.layer.levels.agent.clone(),
+            run: run.map_or_else(|| empty.clone(), |r| r.stack),
+            builtins,
+            agent_builtins,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`Lifecycle`]: the inner service's own, with
+    /// nothing boxed, when no middleware can run in the run; otherwise the
+    /// run bracketed by its hooks.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct LifecycleFuture<F> {
+        #[pin]
+        kind: Kind<F>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = KindProj]
+    enum Kind<F> {
+        Inert { #[pin] fut: F },
+        Bracketed { fut: ResponseFuture<AgentRun, AgentError> },
+    }
+}
+
+impl<F, E> Future for LifecycleFuture<F>
+where
+    F: Future<Output = Result<AgentRun, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<AgentRun, AgentError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Inert { fut } => fut.poll(cx).map_err(|e| AgentError::classify(e.into())),
+            KindProj::Bracketed { fut } => Pin::new(fut).poll(cx),
+        }
+    }
+}
+
+impl<F> fmt::Debug for LifecycleFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LifecycleFuture")
     }
 }
 
@@ -259,6 +346,7 @@ impl RunBracket for LifecycleLayer {
 
     fn then(&self, inner: &AgentMiddleware) -> AgentMiddleware {
         let mut merged = self.clone();
+        merged.roots = Arc::default();
         if let Some(inner) = inner.0.as_any().downcast_ref::<LifecycleLayer>() {
             merged.levels.agent =
                 CompiledStack::compose(&[&self.levels.agent, &inner.levels.agent]);

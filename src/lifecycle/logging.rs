@@ -186,7 +186,11 @@ impl Middleware for LoggingMiddleware {
         self.count(HookPoint::AfterTool, ())
     }
 
-    fn after_tool_batch<'a>(&'a self, _: &'a RunContext, _: &'a [ToolCallResult]) -> Hook<'a, ()> {
+    fn after_tool_batch<'a>(
+        &'a self,
+        _: &'a RunContext,
+        _: &'a [ToolCallResult<'a>],
+    ) -> Hook<'a, ()> {
         self.count(HookPoint::AfterToolBatch, ())
     }
 

@@ -317,7 +317,7 @@ pub trait Middleware: Send + Sync + 'static {
     fn after_tool_batch<'a>(
         &'a self,
         ctx: &'a RunContext,
-        results: &'a [ToolCallResult],
+        results: &'a [ToolCallResult<'a>],
     ) -> Hook<'a, ()> {
         Hook::not_overridden()
     }

@@ -202,7 +202,7 @@ pub mod ordering {}
 pub use crate::hooks::AgentMiddleware;
 pub use from_fn::{from_fn, FromFn, FromFnLayer};
 pub use hook_point::HookPoint;
-pub use layer::{Lifecycle, LifecycleLayer, ResponseFuture};
+pub use layer::{Lifecycle, LifecycleFuture, LifecycleLayer, ResponseFuture};
 pub use logging::{HookCounts, LoggingMiddleware};
 pub use middleware::{FailPolicy, Hook, Middleware};
 pub use next::Next;

@@ -485,18 +485,38 @@ impl<Req: WrapRequest> Future for CallInnermost<Req> {
             this.call = Some(this.service.call(req));
         }
         let call = this.call.as_mut().expect("called above");
-        let base = || format!("{}:{}", Req::KIND, this.name);
-        // An answer goes out as it came, moved once.
-        let err = match catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
+        let answer = match catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
             Ok(Poll::Pending) => return Poll::Pending,
-            Ok(Poll::Ready(Ok(response))) => return Poll::Ready(Ok(response)),
-            Ok(Poll::Ready(Err(err))) => name_tripwire(err, &base(), "call"),
-            Err(panic) => format!("`{}` panicked: {}", base(), panic_message(&*panic)).into(),
+            Ok(Poll::Ready(answer)) => Ok(answer),
+            Err(panic) => Err(panic),
         };
-        Poll::Ready(match this.ctx.take() {
-            Some(ctx) => Req::recover(&ctx, &this.name, err),
-            None => Err(err),
-        })
+        Poll::Ready(innermost_answer::<Req>(
+            answer,
+            &this.name,
+            this.ctx.take().as_ref(),
+        ))
+    }
+}
+
+/// What the answer of the service below the last wrap hook becomes: its
+/// panic an error, its nameless tripwire named after the model or the tool
+/// `name`; with `recover` (the run's context), a tool's failure its error
+/// result.
+pub(crate) fn innermost_answer<Req: WrapRequest>(
+    answer: std::thread::Result<Result<Req::Response, BoxError>>,
+    name: &Req::Name,
+    recover: Option<&RunContext>,
+) -> Result<Req::Response, BoxError> {
+    let base = || format!("{}:{}", Req::KIND, name);
+    // An answer goes out as it came, moved once.
+    let err = match answer {
+        Ok(Ok(response)) => return Ok(response),
+        Ok(Err(err)) => name_tripwire(err, &base(), "call"),
+        Err(panic) => format!("`{}` panicked: {}", base(), panic_message(&*panic)).into(),
+    };
+    match recover {
+        Some(ctx) => Req::recover(ctx, name, err),
+        None => Err(err),
     }
 }
 

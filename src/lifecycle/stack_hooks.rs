@@ -200,7 +200,7 @@ impl CompiledStack {
     pub(crate) fn after_tool_batch<'a>(
         &'a self,
         ctx: &'a RunContext,
-        results: &'a [ToolCallResult],
+        results: &'a [ToolCallResult<'a>],
     ) -> Folded<'a, ()> {
         self.fold(
             ctx,

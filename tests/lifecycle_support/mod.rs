@@ -185,7 +185,11 @@ impl Middleware for Recorder {
         self.hook(HookPoint::AfterTool, ())
     }
 
-    fn after_tool_batch<'a>(&'a self, _: &'a RunContext, _: &'a [ToolCallResult]) -> Hook<'a, ()> {
+    fn after_tool_batch<'a>(
+        &'a self,
+        _: &'a RunContext,
+        _: &'a [ToolCallResult<'a>],
+    ) -> Hook<'a, ()> {
         self.hook(HookPoint::AfterToolBatch, ())
     }
 

@@ -4,6 +4,7 @@ pub mod definition;
 mod ext;
 pub mod handle;
 pub mod handoff;
+mod hooked_turn;
 mod inbox;
 mod limits;
 mod observe;

@@ -10,6 +10,7 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use super::handoff::find_agent;
+use super::hooked_turn::HookedCall;
 use super::inbox::Inbox;
 use super::observe::{InSpan, ModelCallObserver, RunObserver};
 use super::state::{classify, Run};
@@ -520,10 +521,14 @@ impl Run {
             hold,
             &self.extensions,
         );
-        // Boxed by the hooks: a run without hooks need not make room for
-        // what they hold.
-        let fut = hooks.wrap_model(call, config.model.clone());
-        let answer = ctx.race(InSpan::new(span, fut)).await;
+        // The run's own clone of the model stack, as a bare turn's: back in
+        // its place once the call is done, unless a wrap hook kept it.
+        let model = self.model.take().unwrap_or_else(|| config.model.clone());
+        let mut call = HookedCall::new(&**hooks, call, model);
+        let answer = ctx.race(InSpan::new(span, &mut call)).await;
+        if let Some(model) = call.take_model() {
+            self.model = Some(model);
+        }
         let mut response = match answer.and_then(|r| r.map_err(classify)) {
             Ok(response) => response,
             Err(err) => {

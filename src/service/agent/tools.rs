@@ -8,6 +8,8 @@ use futures::FutureExt;
 use tower::ServiceExt;
 use tracing::Instrument;
 
+use super::hooked_turn::HookedToolCall;
+use super::limits::ToolLimits;
 use super::observe::ToolCallObserver;
 use super::state::{classify, Run};
 use super::ToolFlags;
@@ -16,8 +18,8 @@ use crate::event::AgentEvent;
 use crate::hooks::{Notification, StickyApprovals, ToolCallResult, ToolDecision, ToolVerdict};
 use crate::request::{tool_failure, ToolInvocation, ToolOutput};
 use crate::types::{
-    arguments_hash, ApprovalDecision, Checkpoint, History, Message, PendingCall, StickyApproval,
-    ToolCall,
+    arguments_hash, ApprovalDecision, Checkpoint, History, Message, MessageContent, PendingCall,
+    StickyApproval, ToolCall,
 };
 
 /// How a step ended.
@@ -62,15 +64,18 @@ impl StepCalls {
 }
 
 /// What a step's outcomes add up to, besides the results for the model.
-struct Collected {
+struct Collected<'c> {
     pending: Vec<PendingCall>,
-    results: Vec<ToolCallResult>,
+    /// What `after_tool_batch` reads, kept only for hooks that read it: each
+    /// result's message waits in `completed`, without its content, until
+    /// they did ([`fill_results`]).
+    results: Vec<ToolCallResult<'c>>,
     keep_results: bool,
 }
 
-impl Collected {
+impl<'c> Collected<'c> {
     /// Takes one call's outcome: its result goes to `completed`.
-    fn add(&mut self, run: &mut Run, outcome: Outcome<'_>, completed: &mut Vec<(usize, Message)>) {
+    fn add(&mut self, run: &mut Run, outcome: Outcome<'c>, completed: &mut Vec<(usize, Message)>) {
         match outcome {
             Outcome::Done {
                 index,
@@ -79,26 +84,38 @@ impl Collected {
                 ran,
             } => {
                 run.counters.tool_calls += u32::from(ran);
-                let limits = &run.config.limits;
                 if self.keep_results {
-                    let content = limits.cap_result(&output.content);
-                    completed.push((index, Message::tool(call.id.as_str(), content)));
-                    self.results.push(ToolCallResult {
-                        call: call.into_owned(),
-                        output,
-                    });
+                    completed.push((index, Message::tool(call.id.as_str(), String::new())));
+                    self.results.push(ToolCallResult { call, output });
                 } else {
-                    // Nobody reads the output after this: its content moves,
-                    // unless it is cut.
-                    let content = match limits.cap_result(&output.content) {
-                        Cow::Borrowed(_) => output.content,
-                        Cow::Owned(cut) => cut,
-                    };
+                    let content = result_text(&run.config.limits, output.content);
                     completed.push((index, Message::tool(call.id.as_str(), content)));
                 }
             }
             Outcome::Deferred(call) => self.pending.push(call),
         }
+    }
+}
+
+/// What the model reads of a result: its content, moved, unless it is cut.
+fn result_text(limits: &ToolLimits, content: String) -> String {
+    match limits.cap_result(&content) {
+        Cow::Borrowed(_) => content,
+        Cow::Owned(cut) => cut,
+    }
+}
+
+/// Gives the messages that wait for them (the last of `completed`, in the
+/// same order) the content of the kept `results`, moved.
+fn fill_results(
+    limits: &ToolLimits,
+    results: Vec<ToolCallResult<'_>>,
+    completed: &mut [(usize, Message)],
+) {
+    let waiting = completed.len() - results.len();
+    for ((_, message), result) in completed[waiting..].iter_mut().zip(results) {
+        let text = result_text(limits, result.output.content);
+        message.content = Some(MessageContent::Text(text));
     }
 }
 
@@ -166,9 +183,10 @@ impl Run {
         let Collected {
             pending, results, ..
         } = step;
-        completed.sort_by_key(|(index, _)| *index);
 
         if !pending.is_empty() {
+            fill_results(&self.config.limits, results, &mut completed);
+            completed.sort_by_key(|(index, _)| *index);
             let ctx = &self.ctx;
             ctx.emit(|| AgentEvent::RunPaused {
                 run_id: ctx.run_id().clone(),
@@ -186,16 +204,20 @@ impl Run {
             return Ok(Step::Paused(Box::new(self.checkpoint(completed, pending))));
         }
 
-        // The conversation is this run's alone again: the results are
-        // appended in place.
-        drop(source);
-        self.messages.extend(completed.into_iter().map(|(_, m)| m));
+        // The hooks read the results where they are; then their content
+        // moves to the messages.
         if let Some(hooks) = &self.hooks {
             hooks
                 .after_tool_batch(&self.ctx, &results)
                 .await
                 .map_err(classify)?;
         }
+        fill_results(&self.config.limits, results, &mut completed);
+        completed.sort_by_key(|(index, _)| *index);
+        // The conversation is this run's alone again: the results are
+        // appended in place.
+        drop(source);
+        self.messages.extend(completed.into_iter().map(|(_, m)| m));
         Ok(Step::Done)
     }
 
@@ -337,9 +359,14 @@ impl Run {
         // Without hooks, the call goes straight to the tool stack, or to
         // the router when no tool layer wraps it: nothing boxed on the way.
         let fut = match (&self.hooks, &self.config.router) {
-            (Some(hooks), _) => {
-                Either::Left(hooks.wrap_tool(invocation, self.config.tools.clone()))
-            }
+            (Some(hooks), router) => Either::Left(HookedToolCall::new(
+                &**hooks,
+                ctx,
+                call,
+                invocation,
+                &self.config.tools,
+                router.as_ref(),
+            )),
             (None, Some(router)) => Either::Right(Either::Left(router.clone().oneshot(invocation))),
             (None, None) => {
                 Either::Right(Either::Right(self.config.tools.clone().oneshot(invocation)))

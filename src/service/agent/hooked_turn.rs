@@ -1,0 +1,289 @@
+//! [`HookedCall`] and [`HookedToolCall`]: a model or tool call through the
+//! run's hooks that, when every wrap hook hands it on, calls the service
+//! below in place, as a run without hooks does: nothing boxed. A model call
+//! goes to the run's own clone of the model stack.
+
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use futures::future::BoxFuture;
+use tower::Service;
+
+use crate::context::RunContext;
+use crate::error::BoxError;
+use crate::hooks::{CallAbort, HookFuture, HookPort, ModelWalk, ToolAnswer, ToolFinish, ToolWalk};
+use crate::request::{BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput};
+use crate::service::ToolRouter;
+use crate::types::{ModelName, ModelResponse, ToolCall};
+
+/// One model call through `hooks`: the walk down their wrap hooks when
+/// first polled, then the model's own future, or the future a wrap hook
+/// answers with. Once it is done, [`take_model`](Self::take_model) gives the
+/// model stack back, unless a wrap hook kept it.
+pub(super) struct HookedCall<'a> {
+    hooks: &'a dyn HookPort,
+    state: State<'a>,
+}
+
+enum State<'a> {
+    /// Not polled yet.
+    Start(ModelCall, BoxModel),
+    /// The model stack, ready or not, and its call once it was ready.
+    Model {
+        model: BoxModel,
+        call: Option<ModelCall>,
+        called: Option<<BoxModel as Service<ModelCall>>::Future>,
+        /// The model's name, for its errors, when its answer goes to the
+        /// hooks' [`HookPort::model_answer`].
+        guarded: Option<ModelName>,
+    },
+    Hooked(BoxFuture<'a, Result<ModelResponse, BoxError>>),
+    Taken,
+}
+
+impl<'a> HookedCall<'a> {
+    /// `call` to `model` through `hooks`.
+    pub(super) fn new(hooks: &'a dyn HookPort, call: ModelCall, model: BoxModel) -> Self {
+        Self {
+            hooks,
+            state: State::Start(call, model),
+        }
+    }
+
+    /// The model stack, unless a wrap hook took it (or the call never
+    /// started).
+    pub(super) fn take_model(&mut self) -> Option<BoxModel> {
+        match std::mem::replace(&mut self.state, State::Taken) {
+            State::Model { model, .. } | State::Start(_, model) => Some(model),
+            State::Hooked(_) | State::Taken => None,
+        }
+    }
+}
+
+impl Future for HookedCall<'_> {
+    type Output = Result<ModelResponse, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if matches!(this.state, State::Start(..)) {
+            let State::Start(call, model) = std::mem::replace(&mut this.state, State::Taken) else {
+                unreachable!("checked above");
+            };
+            this.state = match this.hooks.walk_model(call, model) {
+                ModelWalk::Service {
+                    service,
+                    call,
+                    guarded,
+                } => State::Model {
+                    guarded: guarded.then(|| call.request.model.clone()),
+                    model: service,
+                    call: Some(call),
+                    called: None,
+                },
+                ModelWalk::Future(future) => State::Hooked(future),
+            };
+        }
+        match &mut this.state {
+            State::Hooked(future) => future.as_mut().poll(cx),
+            State::Model {
+                model,
+                call,
+                called,
+                guarded,
+            } => {
+                if called.is_none() {
+                    if let Err(err) = ready!(model.poll_ready(cx)) {
+                        return Poll::Ready(Err(err));
+                    }
+                    let call = call.take().expect("HookedCall polled after completion");
+                    *called = Some(model.call(call));
+                }
+                let fut = called.as_mut().expect("called above");
+                let Some(name) = guarded else {
+                    return fut.as_mut().poll(cx);
+                };
+                let answer = match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+                    Ok(Poll::Pending) => return Poll::Pending,
+                    Ok(Poll::Ready(answer)) => Ok(answer),
+                    Err(panic) => Err(panic),
+                };
+                Poll::Ready(this.hooks.model_answer(answer, name))
+            }
+            State::Start(..) | State::Taken => panic!("HookedCall polled after completion"),
+        }
+    }
+}
+
+/// One tool call through `hooks`, as [`HookedCall`] a model call: the walk
+/// when first polled, then the tool stack's own future (the router's, when
+/// no tool layer wraps it), or the future a wrap hook answers with. No
+/// bigger than a call straight to the tool stack: a step's future, which
+/// holds either, does not grow.
+pub(super) struct HookedToolCall<'a> {
+    hooks: &'a dyn HookPort,
+    ctx: &'a RunContext,
+    /// The call, for the tool's name in its errors.
+    call: &'a ToolCall,
+    /// The tool stack, cloned for the walk.
+    tools: &'a BoxTool,
+    /// The router, when the tool stack is the router alone.
+    router: Option<&'a ToolRouter>,
+    state: ToolState<'a>,
+}
+
+enum ToolState<'a> {
+    /// Not polled yet.
+    Start(ToolInvocation),
+    Tool {
+        /// The tool stack every wrap hook handed the call on to; `None`:
+        /// the router, called on a clone of its own.
+        stack: Option<BoxTool>,
+        calling: Calling,
+        finish: ToolFinish,
+    },
+    Hooked(HookFuture<'a, ToolOutput>),
+    Done,
+}
+
+/// A call below the wrap hooks: waiting for its service, or called.
+enum Calling {
+    Waiting(ToolInvocation),
+    Routed(<ToolRouter as Service<ToolInvocation>>::Future),
+    Called(<BoxTool as Service<ToolInvocation>>::Future),
+    Taken,
+}
+
+impl<'a> HookedToolCall<'a> {
+    /// `invocation` of `call` in `ctx`'s run, to `tools` through `hooks`;
+    /// `router` is `tools` unwrapped, when no layer wraps it.
+    pub(super) fn new(
+        hooks: &'a dyn HookPort,
+        ctx: &'a RunContext,
+        call: &'a ToolCall,
+        invocation: ToolInvocation,
+        tools: &'a BoxTool,
+        router: Option<&'a ToolRouter>,
+    ) -> Self {
+        Self {
+            hooks,
+            ctx,
+            call,
+            tools,
+            router,
+            state: ToolState::Start(invocation),
+        }
+    }
+}
+
+impl Future for HookedToolCall<'_> {
+    type Output = Result<ToolOutput, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if matches!(this.state, ToolState::Start(..)) {
+            let ToolState::Start(invocation) = std::mem::replace(&mut this.state, ToolState::Done)
+            else {
+                unreachable!("checked above");
+            };
+            this.state = match this.hooks.walk_tool(invocation, this.tools.clone()) {
+                ToolWalk::Service {
+                    service,
+                    invocation,
+                    finish,
+                } => ToolState::Tool {
+                    // What every wrap hook handed on is the agent's own tool
+                    // stack: the router itself, when nothing wraps it.
+                    stack: this.router.is_none().then_some(service),
+                    calling: Calling::Waiting(invocation),
+                    finish,
+                },
+                ToolWalk::Future(future) => ToolState::Hooked(future),
+            };
+        }
+        let (stack, calling, finish) = match &mut this.state {
+            ToolState::Hooked(future) => return Pin::new(future).poll(cx),
+            ToolState::Tool {
+                stack,
+                calling,
+                finish,
+            } => (stack, calling, &*finish),
+            ToolState::Start(..) | ToolState::Done => {
+                panic!("HookedToolCall polled after completion")
+            }
+        };
+        let abort = finish.abort.as_deref();
+        let answer = match abort.and_then(CallAbort::failed) {
+            Some(err) => ToolAnswer::Failed(err),
+            None => {
+                if let Some(abort) = abort {
+                    abort.register(cx.waker());
+                }
+                match poll_tool(stack, this.router, calling, finish.guarded(), cx) {
+                    Poll::Ready(answer) => answer,
+                    Poll::Pending => match abort.and_then(CallAbort::failed) {
+                        Some(err) => ToolAnswer::Failed(err),
+                        None => return Poll::Pending,
+                    },
+                }
+            }
+        };
+        let result = this
+            .hooks
+            .finish_tool(answer, &this.call.name, this.ctx, finish);
+        this.state = ToolState::Done;
+        Poll::Ready(result)
+    }
+}
+
+/// Drives the tool stack (`stack`, or a clone of `router`) to readiness,
+/// calls it and polls its future, its panic caught when `guarded`.
+fn poll_tool(
+    stack: &mut Option<BoxTool>,
+    router: Option<&ToolRouter>,
+    calling: &mut Calling,
+    guarded: bool,
+    cx: &mut Context<'_>,
+) -> Poll<ToolAnswer> {
+    if matches!(calling, Calling::Waiting(_)) {
+        let called = match (stack.as_mut(), router) {
+            (Some(tools), _) => {
+                if let Err(err) = ready!(tools.poll_ready(cx)) {
+                    return Poll::Ready(ToolAnswer::Failed(err));
+                }
+                let Calling::Waiting(invocation) = std::mem::replace(calling, Calling::Taken)
+                else {
+                    unreachable!("checked above");
+                };
+                Calling::Called(tools.call(invocation))
+            }
+            (None, Some(router)) => {
+                let mut router = router.clone();
+                if let Err(err) = ready!(router.poll_ready(cx)) {
+                    return Poll::Ready(ToolAnswer::Failed(err));
+                }
+                let Calling::Waiting(invocation) = std::mem::replace(calling, Calling::Taken)
+                else {
+                    unreachable!("checked above");
+                };
+                Calling::Routed(router.call(invocation))
+            }
+            (None, None) => unreachable!("the router stands for the tool stack only when set"),
+        };
+        *calling = called;
+    }
+    let mut poll = |cx: &mut Context<'_>| match calling {
+        Calling::Routed(fut) => Pin::new(fut).poll(cx),
+        Calling::Called(fut) => fut.as_mut().poll(cx),
+        Calling::Waiting(_) | Calling::Taken => panic!("HookedToolCall polled after completion"),
+    };
+    if !guarded {
+        return poll(cx).map(|answer| ToolAnswer::Answered(Ok(answer)));
+    }
+    match catch_unwind(AssertUnwindSafe(|| poll(cx))) {
+        Ok(Poll::Pending) => Poll::Pending,
+        Ok(Poll::Ready(answer)) => Poll::Ready(ToolAnswer::Answered(Ok(answer))),
+        Err(panic) => Poll::Ready(ToolAnswer::Answered(Err(panic))),
+    }
+}
