@@ -5,6 +5,7 @@
 //! settled as each call answers, would refuse.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -13,7 +14,7 @@ use tower::{Layer, Service, ServiceExt};
 use tower_test::mock;
 
 use super::bucket::Bucket;
-use super::key::Entered;
+use super::key::{Entered, KeyShared};
 use super::limiter::Limiter;
 use super::limits::{Config, Limits, Rate};
 use super::ticket::Settlement;
@@ -103,6 +104,19 @@ async fn a_waiter_keeps_newcomers_behind_it_though_they_would_fit() {
     last.await.unwrap().unwrap();
 }
 
+/// A call needing `need` tokens admitted at once, from the pool or under
+/// the key's lock; `None` when refused. Nothing waits in these tests.
+fn admit_now(key: &Arc<KeyShared>, need: u64) -> Option<Settlement> {
+    if let Some(drawn) = key.draw(need) {
+        return Some(Settlement::drawn(key.clone(), drawn));
+    }
+    match key.enter_call(need, Duration::ZERO) {
+        Ok(Entered::Admitted((_, grant, slot))) => Some(Settlement::new(key.clone(), grant, slot)),
+        Ok(Entered::Queued(_)) => unreachable!("no waiting allowed"),
+        Err(_) => None,
+    }
+}
+
 #[test]
 fn threads_drawing_at_once_never_exceed_the_limits() {
     // 500 requests and 100,000 tokens over a thousand days: nothing
@@ -121,15 +135,8 @@ fn threads_drawing_at_once_never_exceed_the_limits() {
             scope.spawn(move || {
                 for i in 0..200u64 {
                     let need = (thread * 7 + i) % 400;
-                    let settlement = match key.draw(need) {
-                        Some(drawn) => Settlement::drawn(key.clone(), drawn),
-                        None => match key.enter_call(need, Duration::ZERO) {
-                            Ok(Entered::Admitted((_, grant, slot))) => {
-                                Settlement::new(key.clone(), grant, slot)
-                            }
-                            Ok(Entered::Queued(_)) => unreachable!("no waiting allowed"),
-                            Err(_) => continue,
-                        },
+                    let Some(settlement) = admit_now(key, need) else {
+                        continue;
                     };
                     requests.fetch_add(1, Ordering::Relaxed);
                     // Every call reserved `need`; half use less, which
@@ -212,15 +219,8 @@ proptest! {
             for step in steps {
                 match step {
                     Step::Call(need) => {
-                        let settlement = match key.draw(need) {
-                            Some(drawn) => Settlement::drawn(key.clone(), drawn),
-                            None => match key.enter_call(need, Duration::ZERO) {
-                                Ok(Entered::Admitted((_, grant, slot))) => {
-                                    Settlement::new(key.clone(), grant, slot)
-                                }
-                                Ok(Entered::Queued(_)) => unreachable!("no waiting allowed"),
-                                Err(_) => continue,
-                            },
+                        let Some(settlement) = admit_now(&key, need) else {
+                            continue;
                         };
                         let at = u64::try_from(start.elapsed().as_nanos()).unwrap();
                         out.push((settlement, need, admitted.len()));
