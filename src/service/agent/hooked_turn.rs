@@ -43,6 +43,16 @@ enum State<'a> {
     Taken,
 }
 
+impl Calling {
+    /// The invocation of a call still waiting, leaving it taken.
+    fn take_invocation(&mut self) -> ToolInvocation {
+        match std::mem::replace(self, Calling::Taken) {
+            Calling::Waiting(invocation) => invocation,
+            _ => unreachable!("taken only while waiting"),
+        }
+    }
+}
+
 impl<'a> HookedCall<'a> {
     /// `call` to `model` through `hooks`.
     pub(super) fn new(hooks: &'a dyn HookPort, call: ModelCall, model: BoxModel) -> Self {
@@ -252,22 +262,14 @@ fn poll_tool(
                 if let Err(err) = ready!(tools.poll_ready(cx)) {
                     return Poll::Ready(ToolAnswer::Failed(err));
                 }
-                let Calling::Waiting(invocation) = std::mem::replace(calling, Calling::Taken)
-                else {
-                    unreachable!("checked above");
-                };
-                Calling::Called(tools.call(invocation))
+                Calling::Called(tools.call(calling.take_invocation()))
             }
             (None, Some(router)) => {
                 let mut router = router.clone();
                 if let Err(err) = ready!(router.poll_ready(cx)) {
                     return Poll::Ready(ToolAnswer::Failed(err));
                 }
-                let Calling::Waiting(invocation) = std::mem::replace(calling, Calling::Taken)
-                else {
-                    unreachable!("checked above");
-                };
-                Calling::Routed(router.call(invocation))
+                Calling::Routed(router.call(calling.take_invocation()))
             }
             (None, None) => unreachable!("the router stands for the tool stack only when set"),
         };
