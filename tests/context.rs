@@ -469,7 +469,7 @@ async fn a_budget_with_a_token_counter_reserves_counted_tokens() {
     // 400 bytes: 100 tokens at four bytes a token; counted, 3 + 100 + 3.
     let call = |ctx: &RunContext| {
         let mut request = ModelRequest::new("m", vec![Message::user("x".repeat(400))]);
-        request.settings.max_tokens = Some(50);
+        request.settings_mut().max_tokens = Some(50);
         ModelCall::new(request, ctx.clone())
     };
     let model = ScriptedModel::from_fn(|_| ScriptedTurn::text("ok").usage(Usage::new(1, 1)));

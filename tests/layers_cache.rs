@@ -163,7 +163,7 @@ where
 async fn sampled_requests_are_cached_only_when_the_layer_is_told_to() {
     let with = |temperature: Option<f32>| {
         let mut request = request("pick a number");
-        request.settings.temperature = temperature;
+        request.settings_mut().temperature = temperature;
         request
     };
 
@@ -525,7 +525,8 @@ fn build(parts: &Parts) -> ModelRequest {
         max_tokens: parts.max_tokens,
         stop: parts.stop.clone(),
         ..ModelSettings::default()
-    };
+    }
+    .into();
     request
 }
 

@@ -29,7 +29,8 @@ fn priced(text: &str, tokens: u32) -> ModelRequest {
     request.settings = ModelSettings {
         max_tokens: Some(tokens),
         ..ModelSettings::default()
-    };
+    }
+    .into();
     request
 }
 
@@ -279,7 +280,7 @@ async fn the_default_estimate_is_the_text_plus_the_output_allowance() {
     // 400 bytes of text (100 tokens) plus max_tokens 950: over the limit,
     // so it reserves the whole limit, which a full bucket grants at once.
     let mut big = request("m", &"x".repeat(400));
-    big.settings.max_tokens = Some(950);
+    big.settings_mut().max_tokens = Some(950);
     call(&mut service, big, RunContext::new()).await.unwrap();
     // Nothing is left; the next call's default estimate (its text plus
     // 1,024 output tokens, cut to the limit) needs a full minute.

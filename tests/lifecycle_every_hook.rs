@@ -79,7 +79,7 @@ impl Middleware for Everything {
 
     fn wrap_model<'a>(&'a self, mut call: ModelCall, next: ModelNext) -> Wrapped<'a, ModelCall> {
         self.seen.push("wrap_model");
-        call.request.settings.temperature = Some(0.25);
+        call.request.settings_mut().temperature = Some(0.25);
         Wrapped::new(next.run(call))
     }
 

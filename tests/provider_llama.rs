@@ -52,8 +52,8 @@ fn request(text: &str, max_tokens: u32) -> ModelRequest {
             Message::user(text),
         ],
     );
-    request.settings.temperature = Some(0.0);
-    request.settings.max_tokens = Some(max_tokens);
+    request.settings_mut().temperature = Some(0.0);
+    request.settings_mut().max_tokens = Some(max_tokens);
     request
 }
 
@@ -126,7 +126,7 @@ async fn llama_json_schema_response() {
         "additionalProperties": false
     });
     let mut request = request("Name a city in France and its country.", 96);
-    request.settings.response_format = Some(ResponseFormat::json_schema("place", schema));
+    request.settings_mut().response_format = Some(ResponseFormat::json_schema("place", schema));
     let call = ModelCall::new(request, RunContext::new());
     let response = chat.oneshot(call).await.unwrap();
     check_shape(&response);

@@ -148,9 +148,12 @@ pub struct ModelRequest {
     /// The tools the model may call.
     #[serde(default)]
     pub tools: Arc<[ToolSpec]>,
-    /// Sampling and shape settings.
+    /// Sampling and shape settings, shared like the tools: an agent's
+    /// requests all point to its one copy, and a retry, a fallback or a
+    /// cache key copies a pointer. To change them for one request,
+    /// [`settings_mut`](Self::settings_mut) (copy on write).
     #[serde(default)]
-    pub settings: ModelSettings,
+    pub settings: Arc<ModelSettings>,
 }
 
 impl ModelRequest {
@@ -160,8 +163,24 @@ impl ModelRequest {
             model: model.into(),
             messages: messages.into(),
             tools: Arc::from([]),
-            settings: ModelSettings::default(),
+            settings: Arc::default(),
         }
+    }
+
+    /// The settings of this request, to change: copied first if another
+    /// request shares them.
+    ///
+    /// ```
+    /// use tower_agent::types::{Message, ModelRequest};
+    ///
+    /// let mut request = ModelRequest::new("gpt-4o-mini", vec![Message::user("hi")]);
+    /// let shared = request.clone();
+    /// request.settings_mut().max_tokens = Some(64);
+    /// assert_eq!(request.settings.max_tokens, Some(64));
+    /// assert_eq!(shared.settings.max_tokens, None);
+    /// ```
+    pub fn settings_mut(&mut self) -> &mut ModelSettings {
+        Arc::make_mut(&mut self.settings)
     }
 }
 

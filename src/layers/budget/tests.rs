@@ -23,7 +23,7 @@ fn prices() -> PriceTable {
 /// and `max_tokens` of 50.
 fn call(ctx: &RunContext, model: &str) -> ModelCall {
     let mut request = ModelRequest::new(model, vec![Message::user("x".repeat(400))]);
-    request.settings.max_tokens = Some(50);
+    request.settings_mut().max_tokens = Some(50);
     ModelCall::new(request, ctx.clone())
 }
 

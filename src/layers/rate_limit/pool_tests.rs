@@ -25,7 +25,7 @@ use crate::{ModelCall, RunContext, ScriptedModel, ScriptedTurn};
 /// A call whose estimate is `tokens` (see [`by_max_tokens`]).
 fn call(tokens: u32) -> ModelCall {
     let mut request = ModelRequest::new("m", vec![Message::user("hi")]);
-    request.settings.max_tokens = Some(tokens);
+    request.settings_mut().max_tokens = Some(tokens);
     ModelCall::new(request, RunContext::new())
 }
 

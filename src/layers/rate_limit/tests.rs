@@ -216,7 +216,7 @@ async fn invalid_limits_fail_every_call_with_a_config_error() {
 fn a_token_counter_counts_the_input_and_falls_back_to_four_bytes_a_token() {
     use crate::tokens::{EstimateCounter, TokenCounters};
     let mut request = ModelRequest::new("m", vec![Message::user("x".repeat(400))]);
-    request.settings.max_tokens = Some(50);
+    request.settings_mut().max_tokens = Some(50);
     let call = ModelCall::new(request, RunContext::new());
     let plain = Limiter::new(Config::default());
     assert_eq!(plain.estimate(&call), 100 + 50);

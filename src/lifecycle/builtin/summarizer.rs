@@ -198,7 +198,7 @@ impl ModelSummarizer {
                 Message::user(transcript(messages, self.max_chars)),
             ],
         );
-        request.settings.max_tokens = self.max_tokens;
+        request.settings_mut().max_tokens = self.max_tokens;
         let response = call_as(&self.model, ctx, &self.name, request).await?;
         Ok(response.message.text().trim().to_owned())
     }

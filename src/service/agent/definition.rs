@@ -351,7 +351,7 @@ impl Agent {
             .filter(|s| !handoffs.iter().any(|h| h.tool_name == s.name))
             .cloned()
             .collect();
-        let mut settings = config.settings.clone();
+        let mut settings = ModelSettings::clone(&config.settings);
         if config.output.is_some() {
             settings.response_format = None;
         }

@@ -497,7 +497,8 @@ mod tests {
             response_format: Some(ResponseFormat::json_schema("a", json!({"type": "object"}))),
             parallel_tool_calls: Some(false),
             tool_choice: None,
-        };
+        }
+        .into();
         let body = MessagesRequest::new(&request, "claude-test", 1024, true);
         assert_eq!(
             serde_json::to_value(&body).unwrap(),
@@ -530,7 +531,7 @@ mod tests {
     #[test]
     fn writes_each_tool_choice() {
         let mut request = ModelRequest::new("m", vec![crate::types::Message::user("hi")]);
-        request.settings.tool_choice = Some(ToolChoice::Required);
+        request.settings_mut().tool_choice = Some(ToolChoice::Required);
         let body = MessagesRequest::new(&request, "m", 16, false);
         assert!(
             serde_json::to_value(&body)
@@ -550,8 +551,8 @@ mod tests {
                 json!({"type": "tool", "name": "weather", "disable_parallel_tool_use": true}),
             ),
         ] {
-            request.settings.tool_choice = Some(choice);
-            request.settings.parallel_tool_calls = Some(!serial);
+            request.settings_mut().tool_choice = Some(choice);
+            request.settings_mut().parallel_tool_calls = Some(!serial);
             let body = MessagesRequest::new(&request, "m", 16, false);
             assert_eq!(serde_json::to_value(&body).unwrap()["tool_choice"], wire);
         }

@@ -328,7 +328,8 @@ mod tests {
             )),
             parallel_tool_calls: Some(false),
             tool_choice: Some(ToolChoice::tool("weather")),
-        };
+        }
+        .into();
         request
     }
 
@@ -370,7 +371,7 @@ mod tests {
             (ToolChoice::None, json!("none")),
             (ToolChoice::Required, json!("required")),
         ] {
-            request.settings.tool_choice = Some(choice);
+            request.settings_mut().tool_choice = Some(choice);
             let body = ChatRequest::new(&request, "m", false, true, MaxTokensField::MaxTokens);
             assert_eq!(serde_json::to_value(&body).unwrap()["tool_choice"], wire);
         }
@@ -379,9 +380,9 @@ mod tests {
     #[test]
     fn leaves_out_what_is_not_set() {
         let mut request = ModelRequest::new("", vec![Message::user("hi")]);
-        request.settings.parallel_tool_calls = Some(true);
-        request.settings.tool_choice = Some(ToolChoice::Required);
-        request.settings.max_tokens = Some(10);
+        request.settings_mut().parallel_tool_calls = Some(true);
+        request.settings_mut().tool_choice = Some(ToolChoice::Required);
+        request.settings_mut().max_tokens = Some(10);
         let body = ChatRequest::new(
             &request,
             "",

@@ -383,7 +383,7 @@ mod tests {
         let mut keys = vec![CacheKey::of(&base)];
         for change in changes {
             let mut request = base.clone();
-            change(&mut request.settings);
+            change(request.settings_mut());
             keys.push(CacheKey::of(&request));
         }
         let mut model = base.clone();
@@ -403,7 +403,7 @@ mod tests {
         // A shared store finds entries by this value: it must not move
         // between builds, runs or machines (only with `VERSION`).
         let mut request = ModelRequest::new("gpt-4o", vec![Message::user("Capital of France?")]);
-        request.settings.max_tokens = Some(64);
+        request.settings_mut().max_tokens = Some(64);
         assert_eq!(
             CacheKey::of(&request).to_hex(),
             "65cbf665020d850521bfbf672688b800"
@@ -427,9 +427,9 @@ mod tests {
             );
         }
         let mut request = ModelRequest::new(long.as_str(), vec![Message::user("hi")]);
-        request.settings.stop = vec![long.clone()];
+        request.settings_mut().stop = vec![long.clone()];
         assert_ne!(CacheKey::of(&request), {
-            request.settings.stop = vec![long[1..].to_owned()];
+            request.settings_mut().stop = vec![long[1..].to_owned()];
             CacheKey::of(&request)
         });
     }
@@ -463,7 +463,7 @@ mod tests {
         let long = ModelRequest::new("m".repeat(room + 1).as_str(), vec![]);
         assert_eq!(compose_short(&long, &fixed), None);
         let mut set = ModelRequest::new("m", vec![]);
-        set.settings.max_tokens = Some(1);
+        set.settings_mut().max_tokens = Some(1);
         assert_eq!(compose_short(&set, &fixed), None);
     }
 

@@ -280,7 +280,7 @@ impl ToolSelectionMiddleware {
         }
         if call.request.tools.is_empty() {
             // Nothing to choose from: no choice to send.
-            call.request.settings.tool_choice = None;
+            call.request.settings_mut().tool_choice = None;
         }
         ctx.insert_state(Offered {
             by: self.name.clone(),

@@ -126,7 +126,7 @@ impl ModelToolSelector {
         if let Some(max) = self.max_tools {
             array["maxItems"] = json!(max);
         }
-        request.settings.response_format = Some(ResponseFormat::json_schema(
+        request.settings_mut().response_format = Some(ResponseFormat::json_schema(
             "tool_selection",
             json!({
                 "type": "object",

@@ -47,7 +47,7 @@ async fn offers_the_selection_in_the_agents_order_plus_what_must_be_offered() {
             .always_include(["t7"]);
     let ctx = RunContext::new();
     let mut forced = call(&ctx, 10);
-    forced.request.settings.tool_choice = Some(ToolChoice::tool("t3"));
+    forced.request.settings_mut().tool_choice = Some(ToolChoice::tool("t3"));
     let narrowed = mw.narrow(forced).await.unwrap();
     assert_eq!(names(&narrowed), ["t1", "t3", "t5", "t7"]);
     assert_eq!(refusal(&mw, &ctx, "t5").await, None);
@@ -71,7 +71,7 @@ async fn from_state_reads_the_active_tools() {
     assert_eq!(names(&mw.narrow(call(&ctx, 3)).await.unwrap()), ["t2"]);
     ctx.insert_state(ActiveTools::new(Vec::<String>::new()));
     let mut required = call(&ctx, 3);
-    required.request.settings.tool_choice = Some(ToolChoice::Required);
+    required.request.settings_mut().tool_choice = Some(ToolChoice::Required);
     let none = mw.narrow(required).await.unwrap();
     assert!(none.request.tools.is_empty());
     assert_eq!(
