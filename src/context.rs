@@ -57,6 +57,9 @@ pub struct UsageEntry {
 
 #[derive(Debug, Default)]
 struct Ledger {
+    /// What [`RunContext::set_prices`] set: kept with the figures it prices
+    /// (a run that prices nothing holds no room for it).
+    prices: Option<Arc<PriceTable>>,
     own: Usage,
     total: Usage,
     own_cost: Option<Cost>,
@@ -90,9 +93,9 @@ struct Inner {
     /// never makes one (see [`CancelWatch`]).
     cancel: OnceLock<CancellationToken>,
     state: Mutex<http::Extensions>,
-    /// The agent's name, the hook points, the ledger and the rare parts.
+    /// The agent's name, the ledger (with the price table) and the rare
+    /// parts (with the hook points).
     shared: Mutex<Shared>,
-    prices: OnceLock<Arc<PriceTable>>,
     /// Set when a middleware of this run, or of a run it is nested in,
     /// failed in this run or below: such an error fails this run too.
     hook_failed: AtomicBool,
@@ -110,12 +113,12 @@ struct Shared {
     /// The agent running the run: the one it started with, then each one
     /// it was handed over to.
     agent_name: Option<Arc<str>>,
-    /// The hook points installed in the run (see `crate::hooks`), opaque here.
-    port: Option<PortSlot>,
-    /// Allocated when the first usage is recorded: a run waiting on its
-    /// first answer holds a pointer, not the ledger's room.
+    /// Allocated when the first usage is recorded (or a price table is
+    /// set): a run waiting on its first answer holds a pointer, not the
+    /// ledger's room.
     ledger: Option<Box<Ledger>>,
-    /// Context, a stop, a bracket, a prelude: allocated when first used.
+    /// The hook points, context, a stop, a bracket, a prelude: allocated
+    /// when first used.
     rare: Option<Box<Rare>>,
     /// The task of the one [`CancelWatch`] that waits for a cancellation
     /// while the run has no token: [`RunContext::cancel`] wakes it.
@@ -141,6 +144,9 @@ struct Deadline {
 /// context holds a pointer to it, not its room).
 #[derive(Default)]
 struct Rare {
+    /// The hook points installed in the run (see `crate::hooks`), opaque
+    /// here. A run with middleware has them, and its bracket beside them.
+    port: Option<PortSlot>,
     /// What [`RunContext::add_context`] collected.
     pending_context: Vec<String>,
     stop: Option<StopReason>,
@@ -215,6 +221,11 @@ impl RunContext {
     /// deadline, thread, event sink and hook points, and its own state and
     /// ledger, whose usage rolls up into this one's total.
     pub fn child(&self) -> RunContext {
+        let (prices, port) = {
+            let shared = self.shared();
+            let prices = shared.ledger.as_ref().and_then(|l| l.prices.clone());
+            (prices, shared.rare.as_ref().and_then(|r| r.port.clone()))
+        };
         RunContext {
             inner: Arc::new(Inner {
                 run_id: OnceLock::new(),
@@ -223,14 +234,19 @@ impl RunContext {
                 iteration: AtomicU32::new(0),
                 cancel: OnceLock::from(self.token().child_token()),
                 state: Mutex::default(),
-                prices: self
-                    .inner
-                    .prices
-                    .get()
-                    .cloned()
-                    .map_or_else(OnceLock::new, OnceLock::from),
                 shared: Mutex::new(Shared {
-                    port: self.port_slot(),
+                    ledger: prices.map(|prices| {
+                        Box::new(Ledger {
+                            prices: Some(prices),
+                            ..Ledger::default()
+                        })
+                    }),
+                    rare: port.map(|port| {
+                        Box::new(Rare {
+                            port: Some(port),
+                            ..Rare::default()
+                        })
+                    }),
                     ..Shared::default()
                 }),
                 hook_failed: AtomicBool::new(false),
@@ -401,34 +417,33 @@ impl RunContext {
     /// nested in. Providers call this; see
     /// [`ModelResponse::usage_recorded`](crate::types::ModelResponse::usage_recorded).
     pub fn record_usage(&self, model: &str, usage: Usage) {
-        let cost = self.inner.prices.get().and_then(|p| p.cost(model, &usage));
         let run_id = self.run_id().clone();
-        let mut entry = Some(UsageEntry {
-            run_id,
-            agent: None,
-            model: model.to_owned(),
-            usage,
-            cost,
-        });
+        let mut entry = None;
         // This run's own figures, its total and its entry, in one lock; the
         // entry moves into the last ledger it goes to, and is copied only
         // for the runs this one is nested in.
-        {
+        let cost = {
             let mut shared = self.shared();
             let agent = shared.agent_name.clone();
             let ledger = shared.ledger.get_or_insert_with(Box::default);
+            let cost = ledger.prices.as_ref().and_then(|p| p.cost(model, &usage));
             ledger.own += usage;
             if let Some(cost) = cost {
                 *ledger.own_cost.get_or_insert(Cost::ZERO) += cost;
             }
-            let mut own = entry.take().expect("the entry, not taken yet");
-            own.agent = agent;
-            let parent = self.parent();
-            if parent.is_some() {
+            let own = UsageEntry {
+                run_id,
+                agent,
+                model: model.to_owned(),
+                usage,
+                cost,
+            };
+            if self.parent().is_some() {
                 entry = Some(own.clone());
             }
             add_to_total(ledger, own);
-        }
+            cost
+        };
         if let Some(cost) = cost {
             self.emit(|| AgentEvent::CostRecorded {
                 run_id: self.run_id().clone(),
@@ -486,12 +501,14 @@ impl RunContext {
     /// this) with `prices`: each [`UsageEntry`] gets its cost. The first
     /// table set stays; a budget layer sets its own.
     pub fn set_prices(&self, prices: &Arc<PriceTable>) {
-        let _ = self.inner.prices.set(prices.clone());
+        with_ledger(self, |ledger| {
+            ledger.prices.get_or_insert_with(|| prices.clone());
+        });
     }
 
     /// The price table of the run, if one was set.
-    pub fn prices(&self) -> Option<&Arc<PriceTable>> {
-        self.inner.prices.get()
+    pub fn prices(&self) -> Option<Arc<PriceTable>> {
+        self.read_ledger(|l| l.prices.clone()).flatten()
     }
 
     /// One entry per model call of this run and the runs nested in it, in
@@ -700,18 +717,20 @@ impl RunContext {
     /// The hook points installed for this run, opaque: `crate::hooks` reads
     /// them.
     pub(crate) fn port_slot(&self) -> Option<PortSlot> {
-        self.shared().port.clone()
+        self.shared().rare.as_ref()?.port.clone()
     }
 
     /// Installs the hook points the run loop calls, replacing any.
     pub(crate) fn set_port_slot(&self, slot: PortSlot) {
-        self.shared().port = Some(slot);
+        self.with_rare(|rare| rare.port = Some(slot));
     }
 
     /// Removes the hook points installed in the run (a handoff to an agent
     /// without middleware, in a run that had only the first agent's).
     pub(crate) fn clear_port_slot(&self) {
-        self.shared().port = None;
+        if let Some(rare) = self.shared().rare.as_mut() {
+            rare.port = None;
+        }
     }
 
     /// Records that a middleware installed in the run `levels` runs up
@@ -850,7 +869,6 @@ impl RunContextBuilder {
                 iteration: AtomicU32::new(0),
                 cancel: self.cancel.map_or_else(OnceLock::new, OnceLock::from),
                 state: Mutex::new(self.state),
-                prices: OnceLock::new(),
                 shared: Mutex::default(),
                 hook_failed: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
