@@ -319,11 +319,13 @@ async fn a_call_dropped_while_waiting_gives_its_reservation_back() {
         .unwrap();
 
     // Queued for the slot at t = 10 s, then cancelled.
-    let mut waiting = service
-        .ready()
-        .await
-        .unwrap()
-        .call(ModelCall::new(request("m", "b"), RunContext::new()));
+    let mut waiting = Box::pin(
+        service
+            .ready()
+            .await
+            .unwrap()
+            .call(ModelCall::new(request("m", "b"), RunContext::new())),
+    );
     assert!((&mut waiting).now_or_never().is_none());
     drop(waiting);
 

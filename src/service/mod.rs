@@ -30,7 +30,7 @@ pub use anthropic::AnthropicMessages;
 #[cfg(feature = "openai")]
 pub use openai::OpenAiChat;
 pub use router::{RunTools, ToolDef, ToolRouter, ToolSource, ToolTraits};
-pub use scripted::{ScriptedModel, ScriptedTurn};
+pub use scripted::{ScriptedFuture, ScriptedModel, ScriptedTurn};
 pub use tool_fn::{tool_fn, tool_fn_ctx, tool_sync, FnTool};
 
 pub use crate::request::{box_model, box_tool, BoxAgent, BoxModel, BoxTool};

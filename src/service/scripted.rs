@@ -1,10 +1,14 @@
 use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
 use tower::Service;
 
 use crate::error::{BoxError, ErrorKind, ProviderError};
@@ -266,16 +270,19 @@ impl ScriptedModel {
     }
 
     /// Answers `call` with `turn`, or with the script's next turn.
-    fn reply(self, call: ModelCall, turn: Option<ScriptedTurn>) -> Reply {
+    fn reply(&self, call: ModelCall, turn: Option<ScriptedTurn>) -> Reply {
         let Some(turn) = turn.or_else(|| self.next_turn(&call.request)) else {
             return Reply::Now(Err(no_more_turns()));
         };
         match turn.delay.filter(|d| !d.is_zero()) {
             // Rare: the wait and what it keeps get a future of their own.
-            Some(delay) => Reply::Later(Box::pin(async move {
-                tokio::time::sleep(delay).await;
-                self.answer(&call, turn)
-            })),
+            Some(delay) => {
+                let this = self.clone();
+                Reply::Later(Box::pin(async move {
+                    tokio::time::sleep(delay).await;
+                    this.answer(&call, turn)
+                }))
+            }
             None => Reply::Now(self.answer(&call, turn)),
         }
     }
@@ -345,59 +352,122 @@ impl ScriptedModel {
 impl Service<ModelCall> for ScriptedModel {
     type Response = ModelResponse;
     type Error = BoxError;
-    type Future = BoxFuture<'static, Result<ModelResponse, BoxError>>;
+    type Future = ScriptedFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))
     }
 
-    /// A call waiting on the model's latency holds the model, the call and
-    /// the timer, nothing else: a function script answers once the wait is
-    /// over, and the response is built then. A list of turns gives each
-    /// call its turn when the call begins, in call order.
-    fn call(&mut self, call: ModelCall) -> Self::Future {
-        let this = self.clone();
-        // Zero means no wait at all: tokio's timer would still round a
-        // zero sleep up to its next millisecond tick.
-        if self.wait().is_zero() {
-            return Box::pin(async move {
-                this.note(&call);
-                let Some(turn) = this.next_turn(&call.request) else {
-                    return Err(no_more_turns());
-                };
-                if turn.delay.is_some_and(|d| !d.is_zero()) {
-                    return match this.reply(call, Some(turn)) {
-                        Reply::Now(result) => result,
-                        Reply::Later(later) => later.await,
-                    };
-                }
-                // Answered where the future returns it: the response is
-                // built once, in place.
-                this.answer(&call, turn)
-            });
+    /// The call begins at the first poll. A call waiting on the model's
+    /// latency holds the model, the call and the timer, nothing else: a
+    /// function script answers once the wait is over, and the response is
+    /// built then. A list of turns gives each call its turn when the call
+    /// begins, in call order.
+    fn call(&mut self, call: ModelCall) -> ScriptedFuture {
+        ScriptedFuture {
+            state: State::Call {
+                model: self.clone(),
+                call: Some(call),
+                turn: None,
+                wait: None,
+            },
         }
-        match &self.inner.script {
-            // The latency is read again where the wait begins, not kept
-            // beside the timer.
-            Script::Function(_) => Box::pin(async move {
-                this.note(&call);
-                tokio::time::sleep(this.wait()).await;
-                let later = match this.reply(call, None) {
-                    Reply::Now(result) => return result,
-                    Reply::Later(later) => later,
-                };
-                later.await
-            }),
-            Script::Turns(_) => Box::pin(async move {
-                this.note(&call);
-                let turn = this.next_turn(&call.request).ok_or_else(no_more_turns)?;
-                tokio::time::sleep(this.wait()).await;
-                let later = match this.reply(call, Some(turn)) {
-                    Reply::Now(result) => return result,
-                    Reply::Later(later) => later,
-                };
-                later.await
-            }),
+    }
+}
+
+pin_project! {
+    /// The future of a [`ScriptedModel`] call: the call, then the model's
+    /// latency (on tokio's clock), then the answer. Unboxed, so a model
+    /// stack that boxes its futures boxes this one once.
+    pub struct ScriptedFuture {
+        #[pin]
+        state: State,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State {
+        /// The call, and once it began, the wait for the model's latency.
+        Call {
+            model: ScriptedModel,
+            // Taken when the call is answered.
+            call: Option<ModelCall>,
+            // A list's turn, taken when the call began (boxed: a function
+            // script's call holds no room for it).
+            turn: Option<Box<ScriptedTurn>>,
+            // `None` until the call began, and for a model without latency,
+            // which answers at once, with no timer (tokio's would still
+            // round a zero sleep up to its next millisecond tick).
+            #[pin]
+            wait: Option<Sleep>,
+        },
+        /// A turn's own delay, after the model's: rare, so on the heap.
+        Later {
+            fut: BoxFuture<'static, Result<ModelResponse, BoxError>>,
+        },
+    }
+}
+
+impl fmt::Debug for ScriptedFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ScriptedFuture")
+    }
+}
+
+impl Future for ScriptedFuture {
+    type Output = Result<ModelResponse, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        let reply = match state.as_mut().project() {
+            StateProj::Later { fut } => return fut.as_mut().poll(cx),
+            StateProj::Call {
+                model,
+                call,
+                turn,
+                mut wait,
+            } => {
+                if let Some(sleep) = wait.as_mut().as_pin_mut() {
+                    ready!(sleep.poll(cx));
+                } else {
+                    let pending = call
+                        .as_ref()
+                        .expect("ScriptedFuture polled after it completed");
+                    model.note(pending);
+                    if let Script::Turns(_) = &model.inner.script {
+                        match model.next_turn(&pending.request) {
+                            Some(next) => *turn = Some(Box::new(next)),
+                            None => {
+                                *call = None;
+                                return Poll::Ready(Err(no_more_turns()));
+                            }
+                        }
+                    }
+                    let latency = model.wait();
+                    if !latency.is_zero() {
+                        // The latency is read again where the wait begins,
+                        // not kept beside the timer.
+                        wait.set(Some(tokio::time::sleep(latency)));
+                        let sleep = wait.as_pin_mut().expect("set just above");
+                        ready!(sleep.poll(cx));
+                    }
+                }
+                let call = call
+                    .take()
+                    .expect("ScriptedFuture polled after it completed");
+                model.reply(call, turn.take().map(|turn| *turn))
+            }
+        };
+        match reply {
+            Reply::Now(result) => Poll::Ready(result),
+            Reply::Later(mut fut) => {
+                let polled = fut.as_mut().poll(cx);
+                if polled.is_pending() {
+                    state.set(State::Later { fut });
+                }
+                polled
+            }
         }
     }
 }
