@@ -45,7 +45,7 @@ use crate::types::ModelResponse;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let model = ServiceBuilder::new()
 ///     .layer(from_fn(|mut call: ModelCall, next: ModelNext| async move {
-///         call.request.settings.temperature = Some(0.0);
+///         call.request.settings_mut().temperature = Some(0.0);
 ///         let mut response = next.run(call).await?;
 ///         response.message.set_text(response.message.text().to_uppercase());
 ///         Ok::<_, tower_agent::BoxError>(response)
@@ -66,7 +66,7 @@ use crate::types::ModelResponse;
 ///
 /// let stack = MiddlewareStack::new().push_model(
 ///     from_fn(|mut call: ModelCall, next: ModelNext| async move {
-///         call.request.settings.temperature = Some(0.0);
+///         call.request.settings_mut().temperature = Some(0.0);
 ///         next.run(call).await
 ///     })
 ///     .name("deterministic"),

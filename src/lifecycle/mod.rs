@@ -71,7 +71,7 @@
 //!     // Around each model call: always at temperature 0.
 //!     .push_model(
 //!         from_fn(|mut call: ModelCall, next: ModelNext| async move {
-//!             call.request.settings.temperature = Some(0.0);
+//!             call.request.settings_mut().temperature = Some(0.0);
 //!             next.run(call).await
 //!         })
 //!         .name("deterministic"),
