@@ -104,6 +104,9 @@ struct Inner {
     watched: AtomicBool,
     /// Set once `stop` holds a reason without `by`: lets attribution skip the lock.
     stop_unattributed: AtomicBool,
+    /// Set once the rare parts are allocated: until then, what reads only
+    /// them (a stop, context to add, a bracket) skips the lock.
+    has_rare: AtomicBool,
 }
 
 /// What the run's handles change as it goes: a pointer or two each, so one
@@ -252,6 +255,7 @@ impl RunContext {
                 hook_failed: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
+                has_rare: AtomicBool::new(false),
             }),
         }
     }
@@ -463,6 +467,14 @@ impl RunContext {
         }
     }
 
+    /// This run's usage, the total with its nested runs', and the total's
+    /// priced cost: [`usage`](Self::usage), [`total_usage`](Self::total_usage)
+    /// and [`total_cost`](Self::total_cost) in one lock.
+    pub(crate) fn usage_figures(&self) -> (Usage, Usage, Option<Cost>) {
+        self.read_ledger(|l| (l.own, l.total, l.total_cost))
+            .unwrap_or_default()
+    }
+
     /// `f` of the ledger, once a usage was recorded.
     fn read_ledger<R>(&self, f: impl FnOnce(&Ledger) -> R) -> Option<R> {
         self.shared().ledger.as_deref().map(f)
@@ -554,7 +566,21 @@ impl RunContext {
 
     /// Runs `f` on the context's rarely used parts, allocated first if need be.
     fn with_rare<R>(&self, f: impl FnOnce(&mut Rare) -> R) -> R {
-        f(self.shared().rare.get_or_insert_with(Box::default))
+        let mut shared = self.shared();
+        let rare = shared.rare.get_or_insert_with(|| {
+            self.inner.has_rare.store(true, Ordering::Release);
+            Box::default()
+        });
+        f(rare)
+    }
+
+    /// `f` of the rare parts, locked, once they are allocated; `None`
+    /// before, without taking the lock.
+    fn read_rare<R>(&self, f: impl FnOnce(&mut Rare) -> R) -> Option<R> {
+        if !self.inner.has_rare.load(Ordering::Acquire) {
+            return None;
+        }
+        self.shared().rare.as_deref_mut().map(f)
     }
 
     /// Adds a system message to the next model call, kept in the transcript.
@@ -564,10 +590,7 @@ impl RunContext {
 
     /// Takes the texts [`add_context`](Self::add_context) collected.
     pub fn take_context(&self) -> Vec<String> {
-        self.shared()
-            .rare
-            .as_mut()
-            .map(|rare| std::mem::take(&mut rare.pending_context))
+        self.read_rare(|rare| std::mem::take(&mut rare.pending_context))
             .unwrap_or_default()
     }
 
@@ -583,10 +606,7 @@ impl RunContext {
 
     /// Takes the texts [`add_run_context`](Self::add_run_context) collected.
     pub(crate) fn take_run_context(&self) -> Vec<String> {
-        self.shared()
-            .rare
-            .as_mut()
-            .map(|rare| std::mem::take(&mut rare.prelude.context))
+        self.read_rare(|rare| std::mem::take(&mut rare.prelude.context))
             .unwrap_or_default()
     }
 
@@ -601,10 +621,7 @@ impl RunContext {
 
     /// Takes what [`provide_history`](Self::provide_history) gave.
     pub(crate) fn take_provided_history(&self) -> Option<History> {
-        self.shared()
-            .rare
-            .as_mut()
-            .and_then(|rare| rare.prelude.history.take())
+        self.read_rare(|rare| rare.prelude.history.take()).flatten()
     }
 
     /// Ends the run before its next model call: it completes with status
@@ -640,10 +657,7 @@ impl RunContext {
 
     /// The stop asked for, if any. The first request wins.
     pub fn stop_requested(&self) -> Option<StopReason> {
-        self.shared()
-            .rare
-            .as_ref()
-            .and_then(|rare| rare.stop.clone())
+        self.read_rare(|rare| rare.stop.clone()).flatten()
     }
 
     /// Names `by` as who asked for a stop that was asked for anonymously.
@@ -680,10 +694,8 @@ impl RunContext {
     /// Whether a lifecycle layer brackets this run. See
     /// [`mark_bracketed`](Self::mark_bracketed).
     pub(crate) fn is_bracketed(&self) -> bool {
-        self.shared()
-            .rare
-            .as_ref()
-            .is_some_and(|rare| rare.bracket.is_some())
+        self.read_rare(|rare| rare.bracket.is_some())
+            .unwrap_or(false)
     }
 
     /// Takes the context the bracketing layer's `before_agent` hooks added.
@@ -873,6 +885,7 @@ impl RunContextBuilder {
                 hook_failed: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
+                has_rare: AtomicBool::new(false),
             }),
         }
     }

@@ -29,7 +29,7 @@ pub use agent_tool::AgentTool;
 pub use anthropic::AnthropicMessages;
 #[cfg(feature = "openai")]
 pub use openai::OpenAiChat;
-pub use router::{RunTools, ToolDef, ToolRouter, ToolSource, ToolTraits};
+pub use router::{RouterFuture, RunTools, ToolDef, ToolRouter, ToolSource, ToolTraits};
 pub use scripted::{ScriptedFuture, ScriptedModel, ScriptedTurn};
 pub use tool_fn::{tool_fn, tool_fn_ctx, tool_sync, FnTool};
 

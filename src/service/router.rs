@@ -3,7 +3,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures::future::{BoxFuture, Either};
+use futures::future::Either;
+use tower::util::Oneshot;
 use tower::{Service, ServiceExt};
 
 use super::{box_tool, BoxTool, FnTool};
@@ -318,6 +319,10 @@ impl ToolRouter {
             .validator
             .as_ref()
             .map_err(|e| ToolOutput::error(format!("tool `{name}` has an invalid schema: {e}")))?;
+        // The quick check first: it allocates nothing, and most calls pass.
+        if validator.is_valid(&invocation.args) {
+            return Ok(entry.def.service.clone());
+        }
         let errors: Vec<String> = validator
             .iter_errors(&invocation.args)
             .map(|e| {
@@ -362,13 +367,29 @@ impl fmt::Debug for ToolRouter {
     }
 }
 
+impl ToolRouter {
+    /// Routes `invocation` through a shared router: what
+    /// [`call`](Service::call) does, without a clone of the router. The
+    /// tool's service is cloned and driven to readiness in the returned
+    /// future, held in it rather than on the heap.
+    pub(crate) fn route(&self, invocation: ToolInvocation) -> RouterFuture {
+        match self.check(&invocation) {
+            Ok(service) => Either::Right(service.oneshot(invocation)),
+            Err(output) => Either::Left(futures::future::ready(Ok(output))),
+        }
+    }
+}
+
+/// The future of a [`ToolRouter`] call: an answer the router gave itself
+/// (an unknown tool, arguments that miss the schema), or the tool's service
+/// driven to readiness and called.
+pub type RouterFuture =
+    Either<futures::future::Ready<Result<ToolOutput, BoxError>>, Oneshot<BoxTool, ToolInvocation>>;
+
 impl Service<ToolInvocation> for ToolRouter {
     type Response = ToolOutput;
     type Error = BoxError;
-    type Future = Either<
-        futures::future::Ready<Result<ToolOutput, BoxError>>,
-        BoxFuture<'static, Result<ToolOutput, BoxError>>,
-    >;
+    type Future = RouterFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         // Each tool is driven to readiness in `call`, on its own clone.
@@ -376,9 +397,6 @@ impl Service<ToolInvocation> for ToolRouter {
     }
 
     fn call(&mut self, invocation: ToolInvocation) -> Self::Future {
-        match self.check(&invocation) {
-            Ok(service) => Either::Right(Box::pin(service.oneshot(invocation))),
-            Err(output) => Either::Left(futures::future::ready(Ok(output))),
-        }
+        self.route(invocation)
     }
 }

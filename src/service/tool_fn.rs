@@ -3,7 +3,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, Either};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -232,7 +232,12 @@ where
 impl Service<ToolInvocation> for FnTool {
     type Response = ToolOutput;
     type Error = BoxError;
-    type Future = BoxFuture<'static, Result<ToolOutput, BoxError>>;
+    /// An inline function's answer, ready at once; an async or blocking
+    /// one's future, on the heap.
+    type Future = Either<
+        futures::future::Ready<Result<ToolOutput, BoxError>>,
+        BoxFuture<'static, Result<ToolOutput, BoxError>>,
+    >;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))
@@ -241,13 +246,13 @@ impl Service<ToolInvocation> for FnTool {
     fn call(&mut self, invocation: ToolInvocation) -> Self::Future {
         let ToolInvocation { args, context, .. } = invocation;
         match &self.handler {
-            Handler::Async(f) => f(args, context),
+            Handler::Async(f) => Either::Right(f(args, context)),
             Handler::Sync { f, blocking: false } => {
-                Box::pin(futures::future::ready(f(args, context)))
+                Either::Left(futures::future::ready(f(args, context)))
             }
             Handler::Sync { f, blocking: true } => {
                 let f = f.clone();
-                Box::pin(async move {
+                Either::Right(Box::pin(async move {
                     match tokio::task::spawn_blocking(move || f(args, context)).await {
                         Ok(result) => result,
                         // The panic goes on in the caller, as an inline
@@ -255,7 +260,7 @@ impl Service<ToolInvocation> for FnTool {
                         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                         Err(e) => Err(Box::new(e) as BoxError),
                     }
-                })
+                }))
             }
         }
     }

@@ -112,15 +112,16 @@ impl Run {
         output: String,
         structured: Option<serde_json::Value>,
     ) -> AgentRun {
+        let (usage, usage_total, cost) = self.ctx.usage_figures();
         AgentRun {
             run_id: self.ctx.run_id().clone(),
             agent: self.config.name.clone(),
             messages: self.transcript(),
             output,
             structured,
-            usage: self.ctx.usage(),
-            usage_total: self.ctx.total_usage(),
-            cost: self.ctx.total_cost(),
+            usage,
+            usage_total,
+            cost,
             counters: self.counters,
             status,
         }

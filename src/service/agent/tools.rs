@@ -49,6 +49,21 @@ impl StepCalls {
         }
     }
 
+    /// The call at `at` (below [`len`](Self::len)), with its index among
+    /// the turn's calls.
+    fn get(&self, at: usize) -> (usize, &ToolCall) {
+        match self {
+            StepCalls::Last(history) => {
+                let calls = &history.last().expect("a step has calls").tool_calls;
+                (at, &calls[at])
+            }
+            StepCalls::Listed(calls) => {
+                let (index, call) = &calls[at];
+                (*index, call)
+            }
+        }
+    }
+
     /// The calls, each with its index among the turn's calls.
     fn iter(&self) -> impl Iterator<Item = (usize, &ToolCall)> {
         let (last, listed) = match self {
@@ -153,6 +168,10 @@ impl Run {
         mut completed: Vec<(usize, Message)>,
     ) -> Result<Step, AgentError> {
         let keep_results = self.hooks.is_some();
+        if completed.capacity() == 0 {
+            // Room for this step's results, not the four a first push makes.
+            completed.reserve_exact(source.len());
+        }
         let mut step = Collected {
             pending: Vec::new(),
             // What `after_tool_batch` reads: kept only for hooks that read it.
@@ -172,7 +191,10 @@ impl Run {
                 step.add(self, outcome, &mut completed);
             }
         } else {
-            for (index, call) in source.iter() {
+            // By position: an iterator over the calls would be kept
+            // across every call's await.
+            for at in 0..source.len() {
+                let (index, call) = source.get(at);
                 let decision = find_decision(decisions, &call.id);
                 let outcome = self
                     .decide_and_invoke(index, call, decision, resumed)
@@ -225,7 +247,7 @@ impl Run {
         &'s self,
         index: usize,
         call: &'c ToolCall,
-        decision: Option<ApprovalDecision>,
+        decision: Option<&'c ApprovalDecision>,
         resumed: bool,
     ) -> BoxFuture<'s, Result<Outcome<'c>, AgentError>> {
         Box::pin(self.decide_and_invoke(index, call, decision, resumed))
@@ -235,7 +257,7 @@ impl Run {
         &self,
         index: usize,
         call: &'c ToolCall,
-        decision: Option<ApprovalDecision>,
+        decision: Option<&'c ApprovalDecision>,
         resumed: bool,
     ) -> Result<Outcome<'c>, AgentError> {
         let ctx = &self.ctx;
@@ -253,23 +275,18 @@ impl Run {
                 ran: false,
             });
         }
+        // Only the decision is kept past this point: the run's future
+        // holds no room for the rest of the verdict while the tool runs.
         let verdict = match &self.hooks {
-            Some(hooks) => hooks
-                .before_tool(ctx, &call, resumed)
-                .await
-                .map_err(classify)?,
-            None => ToolVerdict::default(),
+            Some(hooks) => {
+                let verdict = hooks
+                    .before_tool(ctx, &call, resumed)
+                    .await
+                    .map_err(classify)?;
+                self.take_verdict(&mut call, verdict)
+            }
+            None => ToolDecision::Continue,
         };
-        if let Some(arguments) = &verdict.updated_arguments {
-            call.to_mut().arguments = arguments.to_string();
-        }
-        if verdict.decision != ToolDecision::Continue {
-            self.log_decision(
-                &call,
-                verdict.decision.as_str(),
-                verdict.decided_by.as_deref().unwrap_or("hook"),
-            );
-        }
         let flags = self
             .config
             .flags
@@ -282,14 +299,14 @@ impl Run {
             output,
             ran: false,
         };
-        let approval = match (verdict.decision, decision) {
+        let approval = match (verdict, decision) {
             (ToolDecision::Deny { reason }, _) => {
                 return Ok(done(
                     call,
                     ToolOutput::error(format!("The call was denied: {reason}")),
                 ));
             }
-            (_, Some(decision)) if resumed => self.apply(&call, &decision, "resume")?,
+            (_, Some(decision)) if resumed => self.apply(&call, decision, "resume")?,
             (ToolDecision::Allow, _) => Approval::NotAsked,
             (ToolDecision::Defer, _) if self.standing(&call) => Approval::Approved,
             (ToolDecision::Defer, _) => {
@@ -320,6 +337,22 @@ impl Run {
             output,
             ran: true,
         })
+    }
+
+    /// Applies a `before_tool` verdict's rewritten arguments to `call` and
+    /// logs its decision, which it returns.
+    fn take_verdict(&self, call: &mut Cow<'_, ToolCall>, verdict: ToolVerdict) -> ToolDecision {
+        if let Some(arguments) = &verdict.updated_arguments {
+            call.to_mut().arguments = arguments.to_string();
+        }
+        if verdict.decision != ToolDecision::Continue {
+            self.log_decision(
+                call,
+                verdict.decision.as_str(),
+                verdict.decided_by.as_deref().unwrap_or("hook"),
+            );
+        }
+        verdict.decision
     }
 
     /// Sends the call down the tool stack, bracketed by its events.
@@ -353,27 +386,34 @@ impl Run {
         span: &tracing::Span,
     ) -> Result<(ToolOutput, Option<String>), AgentError> {
         let ctx = &self.ctx;
-        let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
-        invocation.approved = approved;
-        invocation.idempotent = flags.idempotent;
-        // Without hooks, the call goes straight to the tool stack, or to
-        // the router when no tool layer wraps it: nothing boxed on the way.
-        let fut = match (&self.hooks, &self.config.router) {
-            (Some(hooks), router) => Either::Left(HookedToolCall::new(
-                &**hooks,
-                ctx,
-                call,
-                invocation,
-                &self.config.tools,
-                router.as_ref(),
-            )),
-            (None, Some(router)) => Either::Right(Either::Left(router.clone().oneshot(invocation))),
-            (None, None) => {
-                Either::Right(Either::Right(self.config.tools.clone().oneshot(invocation)))
-            }
-        };
+        // The invocation and the call's future are made inside the race's
+        // argument: the run's future keeps the race alone, not a second
+        // copy of them for locals.
         let result = ctx
-            .race(AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind())
+            .race({
+                let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
+                invocation.approved = approved;
+                invocation.idempotent = flags.idempotent;
+                // Without hooks, the call goes straight to the tool stack,
+                // or to the router when no tool layer wraps it: nothing
+                // boxed on the way.
+                let fut = match (&self.hooks, &self.config.router) {
+                    (Some(hooks), router) => Either::Left(HookedToolCall::new(
+                        &**hooks,
+                        ctx,
+                        call,
+                        invocation,
+                        &self.config.tools,
+                        router.as_ref(),
+                    )),
+                    // The agent's own router, routing in place: no clone.
+                    (None, Some(router)) => Either::Right(Either::Left(router.route(invocation))),
+                    (None, None) => {
+                        Either::Right(Either::Right(self.config.tools.clone().oneshot(invocation)))
+                    }
+                };
+                AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind()
+            })
             .await?;
         let mut panicked = None;
         let mut output = match result {
@@ -490,8 +530,11 @@ impl Run {
     }
 }
 
-fn find_decision(decisions: &[ApprovalDecision], call_id: &str) -> Option<ApprovalDecision> {
-    decisions.iter().find(|d| d.call_id == call_id).cloned()
+fn find_decision<'d>(
+    decisions: &'d [ApprovalDecision],
+    call_id: &str,
+) -> Option<&'d ApprovalDecision> {
+    decisions.iter().find(|d| d.call_id == call_id)
 }
 
 enum Approval {

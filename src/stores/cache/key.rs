@@ -10,7 +10,7 @@ use crate::types::{ModelRequest, ModelSettings, ResponseFormat, ToolChoice, Tool
 
 /// Changes when the key's layout changes, so old entries of a shared store
 /// are never read as new ones.
-const VERSION: &[u8] = b"tower-agent/cache/v2\0";
+const VERSION: &[u8] = b"tower-agent/cache/v3\0";
 
 /// The key a response is cached under: a 128-bit XXH3 hash of the request's
 /// model name, messages, tools and settings. See the [cache layer](crate::layers::cache).
@@ -406,7 +406,7 @@ mod tests {
         request.settings_mut().max_tokens = Some(64);
         assert_eq!(
             CacheKey::of(&request).to_hex(),
-            "65cbf665020d850521bfbf672688b800"
+            "2c22cad3a61cad841698aa164b576af7"
         );
     }
 

@@ -114,13 +114,35 @@ impl Chunk {
     }
 }
 
+/// The tag of [`feed`]'s layout: a message's bytes start with it. 1 was
+/// the layout with 8-byte lengths and counts.
+const LAYOUT: u8 = 2;
+
 /// Feeds one message to a hasher in a fixed binary layout: every field
 /// tagged or length-prefixed, so no two different messages feed the same
-/// bytes. Stable across processes and versions (change it only with a new
-/// layout tag).
+/// bytes. Lengths and counts are LEB128 varints (prefix-free, so the layout
+/// stays unambiguous): a short message with its 16-byte chained digest fits
+/// one SHA-256 block, and a one-call assistant turn too. Stable across
+/// processes and versions (change it only with a new [`LAYOUT`] tag).
 fn feed(hasher: &mut Sha256, message: &Message) {
+    fn length(hasher: &mut Sha256, mut n: u64) {
+        let mut bytes = [0u8; 10];
+        let mut len = 0;
+        loop {
+            let low = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                bytes[len] = low;
+                len += 1;
+                break;
+            }
+            bytes[len] = low | 0x80;
+            len += 1;
+        }
+        hasher.update(&bytes[..len]);
+    }
     fn text(hasher: &mut Sha256, text: &str) {
-        hasher.update((text.len() as u64).to_le_bytes());
+        length(hasher, text.len() as u64);
         hasher.update(text.as_bytes());
     }
     fn optional(hasher: &mut Sha256, value: Option<&str>) {
@@ -132,7 +154,7 @@ fn feed(hasher: &mut Sha256, message: &Message) {
             }
         }
     }
-    hasher.update([1, message.role as u8]);
+    hasher.update([LAYOUT, message.role as u8]);
     match &message.content {
         None => hasher.update([0]),
         Some(MessageContent::Text(content)) => {
@@ -141,7 +163,7 @@ fn feed(hasher: &mut Sha256, message: &Message) {
         }
         Some(MessageContent::Parts(parts)) => {
             hasher.update([2]);
-            hasher.update((parts.len() as u64).to_le_bytes());
+            length(hasher, parts.len() as u64);
             for part in parts {
                 match part {
                     ContentPart::Text { text: content } => {
@@ -157,7 +179,7 @@ fn feed(hasher: &mut Sha256, message: &Message) {
             }
         }
     }
-    hasher.update((message.tool_calls.len() as u64).to_le_bytes());
+    length(hasher, message.tool_calls.len() as u64);
     for call in &message.tool_calls {
         text(hasher, &call.id);
         text(hasher, &call.name);

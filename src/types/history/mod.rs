@@ -701,6 +701,25 @@ mod tests {
         assert_eq!(history.len(), 1_000);
     }
 
+    /// The digest keys shared caches: it must not move between builds, runs
+    /// or machines (only with the layout's tag). Lengths of 128 bytes and
+    /// more take two varint bytes.
+    #[test]
+    fn the_digest_is_the_same_in_every_process() {
+        use crate::types::ToolCall;
+        let history = History::from(vec![
+            Message::user("Capital of France?"),
+            Message::assistant_tool_calls(vec![ToolCall::new("c1", "lookup", r#"{"id": 7}"#)]),
+            Message::tool("c1", "x".repeat(300)),
+        ]);
+        let hex: String = history
+            .digest()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(hex, "dee2f6a23c636ff4014a4179b3c69574");
+    }
+
     #[test]
     fn serializes_as_a_plain_array() {
         let mut history = History::from(vec![Message::user("a")]);
