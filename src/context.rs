@@ -101,6 +101,9 @@ struct Inner {
     watched: AtomicBool,
     /// Set once `stop` holds a reason without `by`: lets attribution skip the lock.
     stop_unattributed: AtomicBool,
+    /// Set once a lifecycle layer brackets the run (see
+    /// [`RunContext::mark_bracketed`]).
+    bracketed: AtomicBool,
 }
 
 /// What the run's handles change as it goes: a pointer or two each, so one
@@ -144,9 +147,9 @@ struct Rare {
     /// What [`RunContext::add_context`] collected.
     pending_context: Vec<String>,
     stop: Option<StopReason>,
-    /// `Some` once a lifecycle layer brackets the run: the context its
-    /// `before_agent` hooks added, until the loop takes it.
-    bracket: Option<Vec<String>>,
+    /// The context the bracketing layer's `before_agent` hooks added, until
+    /// the loop takes it.
+    bracket: Vec<String>,
     /// What hooks handed the run before it began: context for this run
     /// only, and the thread's earlier messages.
     prelude: Prelude,
@@ -236,6 +239,7 @@ impl RunContext {
                 hook_failed: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
+                bracketed: AtomicBool::new(false),
             }),
         }
     }
@@ -657,16 +661,19 @@ impl RunContext {
     /// `after_agent` to the layer. A second layer on the same run adds its
     /// context to the first one's.
     pub(crate) fn mark_bracketed(&self, context: Vec<String>) {
-        self.with_rare(|rare| rare.bracket.get_or_insert_with(Vec::new).extend(context));
+        // A flag, not the rare parts: a bracket that adds no context (most
+        // do) allocates nothing.
+        if !context.is_empty() {
+            self.with_rare(|rare| rare.bracket.extend(context));
+        }
+        self.inner.bracketed.store(true, Ordering::Release);
     }
 
     /// Whether a lifecycle layer brackets this run. See
     /// [`mark_bracketed`](Self::mark_bracketed).
+    #[inline]
     pub(crate) fn is_bracketed(&self) -> bool {
-        self.shared()
-            .rare
-            .as_ref()
-            .is_some_and(|rare| rare.bracket.is_some())
+        self.inner.bracketed.load(Ordering::Acquire)
     }
 
     /// Takes the context the bracketing layer's `before_agent` hooks added.
@@ -674,8 +681,7 @@ impl RunContext {
         self.shared()
             .rare
             .as_mut()
-            .and_then(|rare| rare.bracket.as_mut())
-            .map(std::mem::take)
+            .map(|rare| std::mem::take(&mut rare.bracket))
             .unwrap_or_default()
     }
 
@@ -855,6 +861,7 @@ impl RunContextBuilder {
                 hook_failed: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
+                bracketed: AtomicBool::new(false),
             }),
         }
     }
