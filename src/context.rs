@@ -150,6 +150,9 @@ struct Rare {
     /// The context the bracketing layer's `before_agent` hooks added, until
     /// the loop takes it.
     bracket: Vec<String>,
+    /// The traits of the agent's tools, opaque here (see
+    /// [`RunContext::set_run_tools`]).
+    tools: Option<Arc<dyn Any + Send + Sync>>,
     /// What hooks handed the run before it began: context for this run
     /// only, and the thread's earlier messages.
     prelude: Prelude,
@@ -683,6 +686,19 @@ impl RunContext {
             .as_mut()
             .map(|rare| std::mem::take(&mut rare.bracket))
             .unwrap_or_default()
+    }
+
+    /// Sets what the agent running the run says of its tools (the
+    /// `service` floor's table, opaque here), for the hooks to read with
+    /// [`run_tools`](Self::run_tools): a pointer in the rare parts rather
+    /// than an entry of the state map, which allocates three times.
+    pub(crate) fn set_run_tools(&self, tools: Arc<dyn Any + Send + Sync>) {
+        self.with_rare(|rare| rare.tools = Some(tools));
+    }
+
+    /// What [`set_run_tools`](Self::set_run_tools) set, if anything.
+    pub(crate) fn run_tools(&self) -> Option<Arc<dyn Any + Send + Sync>> {
+        self.shared().rare.as_ref()?.tools.clone()
     }
 
     /// Notes that something watches the run's messages.
