@@ -107,6 +107,9 @@ struct Inner {
     /// Set once the rare parts are allocated: until then, what reads only
     /// them (a stop, context to add, a bracket) skips the lock.
     has_rare: AtomicBool,
+    /// Set once a lifecycle layer brackets the run (see
+    /// [`RunContext::mark_bracketed`]).
+    bracketed: AtomicBool,
 }
 
 /// What the run's handles change as it goes: a pointer or two each, so one
@@ -153,9 +156,12 @@ struct Rare {
     /// What [`RunContext::add_context`] collected.
     pending_context: Vec<String>,
     stop: Option<StopReason>,
-    /// `Some` once a lifecycle layer brackets the run: the context its
-    /// `before_agent` hooks added, until the loop takes it.
-    bracket: Option<Vec<String>>,
+    /// The context the bracketing layer's `before_agent` hooks added, until
+    /// the loop takes it.
+    bracket: Vec<String>,
+    /// The traits of the agent's tools, opaque here (see
+    /// [`RunContext::set_run_tools`]).
+    tools: Option<Arc<dyn Any + Send + Sync>>,
     /// What hooks handed the run before it began: context for this run
     /// only, and the thread's earlier messages.
     prelude: Prelude,
@@ -229,6 +235,9 @@ impl RunContext {
             let prices = shared.ledger.as_ref().and_then(|l| l.prices.clone());
             (prices, shared.rare.as_ref().and_then(|r| r.port.clone()))
         };
+        // The hook points ride in the rare parts: a child of a hooked run
+        // has them from the start.
+        let has_rare = port.is_some();
         RunContext {
             inner: Arc::new(Inner {
                 run_id: OnceLock::new(),
@@ -255,7 +264,8 @@ impl RunContext {
                 hook_failed: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
-                has_rare: AtomicBool::new(false),
+                has_rare: AtomicBool::new(has_rare),
+                bracketed: AtomicBool::new(false),
             }),
         }
     }
@@ -688,24 +698,38 @@ impl RunContext {
     /// `after_agent` to the layer. A second layer on the same run adds its
     /// context to the first one's.
     pub(crate) fn mark_bracketed(&self, context: Vec<String>) {
-        self.with_rare(|rare| rare.bracket.get_or_insert_with(Vec::new).extend(context));
+        // A flag, not the rare parts: a bracket that adds no context (most
+        // do) allocates nothing.
+        if !context.is_empty() {
+            self.with_rare(|rare| rare.bracket.extend(context));
+        }
+        self.inner.bracketed.store(true, Ordering::Release);
     }
 
     /// Whether a lifecycle layer brackets this run. See
     /// [`mark_bracketed`](Self::mark_bracketed).
+    #[inline]
     pub(crate) fn is_bracketed(&self) -> bool {
-        self.read_rare(|rare| rare.bracket.is_some())
-            .unwrap_or(false)
+        self.inner.bracketed.load(Ordering::Acquire)
     }
 
     /// Takes the context the bracketing layer's `before_agent` hooks added.
     pub(crate) fn take_bracket_context(&self) -> Vec<String> {
-        self.shared()
-            .rare
-            .as_mut()
-            .and_then(|rare| rare.bracket.as_mut())
-            .map(std::mem::take)
+        self.read_rare(|rare| std::mem::take(&mut rare.bracket))
             .unwrap_or_default()
+    }
+
+    /// Sets what the agent running the run says of its tools (the
+    /// `service` floor's table, opaque here), for the hooks to read with
+    /// [`run_tools`](Self::run_tools): a pointer in the rare parts rather
+    /// than an entry of the state map, which allocates three times.
+    pub(crate) fn set_run_tools(&self, tools: Arc<dyn Any + Send + Sync>) {
+        self.with_rare(|rare| rare.tools = Some(tools));
+    }
+
+    /// What [`set_run_tools`](Self::set_run_tools) set, if anything.
+    pub(crate) fn run_tools(&self) -> Option<Arc<dyn Any + Send + Sync>> {
+        self.read_rare(|rare| rare.tools.clone()).flatten()
     }
 
     /// Notes that something watches the run's messages.
@@ -729,7 +753,7 @@ impl RunContext {
     /// The hook points installed for this run, opaque: `crate::hooks` reads
     /// them.
     pub(crate) fn port_slot(&self) -> Option<PortSlot> {
-        self.shared().rare.as_ref()?.port.clone()
+        self.read_rare(|rare| rare.port.clone()).flatten()
     }
 
     /// Installs the hook points the run loop calls, replacing any.
@@ -886,6 +910,7 @@ impl RunContextBuilder {
                 watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
                 has_rare: AtomicBool::new(false),
+                bracketed: AtomicBool::new(false),
             }),
         }
     }

@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use super::call_hook::{finish, invoke, invoke_delta, invoke_now, log_ignored, Invoked};
 use super::edit_watch::watcher;
 use super::stack::{CompiledStack, Entry};
-use super::verdict::merge_verdicts;
+use super::verdict::{decision_rank, merge_verdicts};
 use super::{Hook, HookPoint};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
@@ -118,7 +118,10 @@ impl CompiledStack {
     }
 
     /// Every middleware's verdict, merged; each is asked with the arguments
-    /// the ones before it left.
+    /// the ones before it left. Synchronous while every middleware answers
+    /// at once and none rewrites the arguments (nothing is boxed for a
+    /// verdict there at once); the rest, from the first that waits or
+    /// after a rewrite, in a boxed future.
     pub(crate) fn before_tool<'a>(
         &'a self,
         ctx: &'a RunContext,
@@ -126,39 +129,62 @@ impl CompiledStack {
         resumed: bool,
     ) -> Folded<'a, ToolVerdict> {
         let hook = HookPoint::BeforeTool;
-        // While nobody rules, nothing is merged and nothing rewritten.
+        let mut merged = ToolVerdict::default();
         for i in 0..self.entries.len() {
             let e = self.nth(hook, i);
             if !e.may_override(hook) {
                 continue;
             }
-            match invoke_now(e, ctx, hook, || e.mw.before_tool(ctx, call, resumed)) {
-                Invoked::Done(Ok(None)) => {}
+            let verdict = match invoke_now(e, ctx, hook, || e.mw.before_tool(ctx, call, resumed)) {
+                Invoked::Done(Ok(None)) => continue,
+                Invoked::Done(Ok(Some(verdict))) => verdict,
                 Invoked::Done(Err(err)) => return Folded::now(Err(err)),
-                first => {
-                    return Folded::Later(Box::pin(
-                        self.before_tool_from(ctx, call, resumed, i, first),
-                    ))
+                pending @ Invoked::Pending(_) => {
+                    let current = Cow::Borrowed(call);
+                    return Folded::Later(Box::pin(self.before_tool_from(
+                        ctx,
+                        call,
+                        resumed,
+                        i,
+                        Some(pending),
+                        merged,
+                        current,
+                    )));
                 }
+            };
+            let mut current = Cow::Borrowed(call);
+            merged = take_verdict(ctx, call, e, &mut current, merged, verdict);
+            if let Cow::Owned(_) = current {
+                // The ones after see the rewrite, which lives in the future.
+                return Folded::Later(Box::pin(self.before_tool_from(
+                    ctx,
+                    call,
+                    resumed,
+                    i + 1,
+                    None,
+                    merged,
+                    current,
+                )));
             }
         }
-        Folded::now(Ok(ToolVerdict::default()))
+        Folded::now(Ok(merged))
     }
 
     /// [`before_tool`](Self::before_tool) from the `i`-th middleware on,
-    /// whose answer is `first`.
+    /// whose answer is `first` if it was asked already, into `merged`, each
+    /// asked with `current`.
+    #[allow(clippy::too_many_arguments)]
     async fn before_tool_from<'a>(
         &'a self,
         ctx: &'a RunContext,
         call: &'a ToolCall,
         resumed: bool,
         i: usize,
-        first: Invoked<'a, ToolVerdict>,
+        mut first: Option<Invoked<'a, ToolVerdict>>,
+        mut merged: ToolVerdict,
+        mut current: Cow<'a, ToolCall>,
     ) -> Result<ToolVerdict, AgentError> {
         let hook = HookPoint::BeforeTool;
-        let mut merged = ToolVerdict::default();
-        let mut current = Cow::Borrowed(call);
-        let mut first = Some(first);
         for j in i..self.entries.len() {
             let e = self.nth(hook, j);
             let found = match first.take() {
@@ -170,29 +196,10 @@ impl CompiledStack {
                     invoke(e, ctx, hook, || e.mw.before_tool(ctx, asked, resumed)).await
                 }
             };
-            let Some(mut verdict) = found? else {
+            let Some(verdict) = found? else {
                 continue;
             };
-            if verdict.decided_by.is_none() {
-                verdict.decided_by = Some(e.name.to_string());
-            }
-            tracing::debug!(
-                middleware = %e.name,
-                call_id = %call.id,
-                decision = verdict.decision.as_str(),
-                rewrite = verdict.updated_arguments.is_some(),
-                "before_tool verdict"
-            );
-            if let Some(arguments) = &verdict.updated_arguments {
-                current.to_mut().arguments = arguments.to_string();
-                ctx.emit(|| AgentEvent::ToolDecision {
-                    run_id: ctx.run_id().clone(),
-                    call_id: call.id.clone(),
-                    decision: "rewrite",
-                    decided_by: e.name.to_string(),
-                });
-            }
-            merged = merge_verdicts(merged, verdict);
+            merged = take_verdict(ctx, call, e, &mut current, merged, verdict);
         }
         Ok(merged)
     }
@@ -551,4 +558,41 @@ impl CompiledStack {
             Invoked::Pending(future) => Folded::Later(Box::pin(finish(e, ctx, hook, future))),
         }
     }
+}
+
+/// Merges the verdict `e` answered at `before_tool` into `merged`: named
+/// after `e` where it decides, logged, and its rewrite applied to
+/// `current` (the call the middleware after it are asked with).
+fn take_verdict(
+    ctx: &RunContext,
+    call: &ToolCall,
+    e: &Entry,
+    current: &mut Cow<'_, ToolCall>,
+    merged: ToolVerdict,
+    mut verdict: ToolVerdict,
+) -> ToolVerdict {
+    // Who decided is read only where the verdict outranks the ones before
+    // it: a plain "continue" names nobody, and allocates nothing for it.
+    if verdict.decided_by.is_none()
+        && decision_rank(&verdict.decision) > decision_rank(&merged.decision)
+    {
+        verdict.decided_by = Some(e.name.to_string());
+    }
+    tracing::debug!(
+        middleware = %e.name,
+        call_id = %call.id,
+        decision = verdict.decision.as_str(),
+        rewrite = verdict.updated_arguments.is_some(),
+        "before_tool verdict"
+    );
+    if let Some(arguments) = &verdict.updated_arguments {
+        current.to_mut().arguments = arguments.to_string();
+        ctx.emit(|| AgentEvent::ToolDecision {
+            run_id: ctx.run_id().clone(),
+            call_id: call.id.clone(),
+            decision: "rewrite",
+            decided_by: e.name.to_string(),
+        });
+    }
+    merge_verdicts(merged, verdict)
 }

@@ -107,9 +107,21 @@ pub struct ToolTraits {
 pub struct RunTools(Arc<HashMap<String, ToolTraits>>);
 
 impl RunTools {
-    /// The table in `ctx`'s run state, if any.
+    /// The table in `ctx`'s run state, if any: one inserted there with
+    /// [`insert_state`](crate::context::RunContext::insert_state) since the
+    /// run began, or else the agent's.
     pub fn of(ctx: &crate::context::RunContext) -> Option<RunTools> {
-        ctx.state::<RunTools>()
+        ctx.state::<RunTools>().or_else(|| {
+            let tools = ctx.run_tools()?.downcast::<HashMap<String, ToolTraits>>();
+            tools.ok().map(RunTools)
+        })
+    }
+
+    /// Sets this table as the agent's in `ctx`'s run, in place of any in
+    /// the run's state: a pointer, not an entry of the state map.
+    pub(crate) fn install(&self, ctx: &crate::context::RunContext) {
+        ctx.with_state(|state| state.remove::<RunTools>());
+        ctx.set_run_tools(self.0.clone());
     }
 
     /// The traits of the tool `name`.

@@ -205,7 +205,7 @@ async fn start(config: Arc<Config>, request: RunRequest) -> Result<Started, Agen
     let hooks = installed(&ctx);
     if hooks.is_some() {
         // What the hooks may ask of a tool: its declared traits.
-        ctx.insert_state(config.flags.clone());
+        config.flags.install(&ctx);
     }
     let has_history = !history.is_empty();
     let resumed = matches!(input, RunInput::Resume { .. });
