@@ -18,40 +18,71 @@ pin_project! {
     /// The response future of [`LlmRetry`](super::LlmRetry).
     ///
     /// Until an attempt fails it holds the attempt, the request's copy and a
-    /// handle to what the layer's calls share; the policy's state and the
-    /// wait (boxed) are made at the first failure.
+    /// handle to what the layer's calls share, and nothing else; the policy's
+    /// state, the wait and every later attempt live in one box made at the
+    /// first failure.
     pub struct ResponseFuture<S, Req>
     where
         S: Service<Req>,
     {
         #[pin]
-        state: State<S::Future, S, Req>,
+        attempt: Attempt<S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = AttemptProj]
+    enum Attempt<S, Req>
+    where
+        S: Service<Req>,
+    {
+        // The first attempt in flight.
+        First {
+            #[pin]
+            future: S::Future,
+            // The copy a retry sends; `None` when no retry may follow.
+            request: Option<Req>,
+            shared: Arc<Shared<S>>,
+        },
+        // The first attempt failed and is being retried.
+        Retrying {
+            retrying: Pin<Box<Retrying<S, Req>>>,
+        },
+    }
+}
+
+pin_project! {
+    /// A call after its first failure.
+    struct Retrying<S, Req>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<S::Future, S>,
         // The copy the next attempt sends; `None` once no retry may follow.
         request: Option<Req>,
         shared: Arc<Shared<S>>,
-        // This call's attempts, from the first failure on (boxed: off the
-        // future's size until then).
-        policy: Option<Box<RetryPolicy>>,
+        // This call's attempts.
+        policy: RetryPolicy,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, S, Req> {
-        // An attempt in flight.
-        Called {
-            #[pin]
-            future: F,
-        },
+    enum State<F, S> {
         // The wait before the next attempt.
         Waiting {
-            delay: Pin<Box<Delay>>,
-            request: Option<Req>,
+            #[pin]
+            delay: Delay,
         },
         // A fresh clone of the service, being driven to readiness.
         Readying {
             service: S,
-            request: Option<Req>,
+        },
+        // A retry in flight.
+        Called {
+            #[pin]
+            future: F,
         },
     }
 }
@@ -60,13 +91,14 @@ impl<S, Req> ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {
-    #[inline]
+    #[inline(always)]
     pub(super) fn new(future: S::Future, request: Option<Req>, shared: Arc<Shared<S>>) -> Self {
         Self {
-            state: State::Called { future },
-            request,
-            shared,
-            policy: None,
+            attempt: Attempt::First {
+                future,
+                request,
+                shared,
+            },
         }
     }
 }
@@ -81,51 +113,108 @@ where
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut attempt = self.project().attempt;
+        let retrying = match attempt.as_mut().project() {
+            AttemptProj::First {
+                future,
+                request,
+                shared,
+            } => {
+                // A success goes straight out: no policy, copy or error
+                // conversion is touched.
+                let err = match ready!(future.poll(cx)) {
+                    Ok(response) => return Poll::Ready(Ok(response)),
+                    Err(err) => err.into(),
+                };
+                match Retrying::start(request.take(), shared, err) {
+                    Ok(retrying) => retrying,
+                    Err(result) => return Poll::Ready(result),
+                }
+            }
+            AttemptProj::Retrying { retrying } => return retrying.as_mut().poll(cx),
+        };
+        attempt.set(Attempt::Retrying { retrying });
+        let AttemptProj::Retrying { retrying } = attempt.project() else {
+            unreachable!("the attempt was just set to retrying")
+        };
+        retrying.as_mut().poll(cx)
+    }
+}
+
+impl<S, Req> Retrying<S, Req>
+where
+    S: Service<Req> + Clone,
+    Req: RetryRequest,
+{
+    /// What follows the first attempt's failure `err`: the wait before a
+    /// retry, or the call's result when the policy gives up.
+    #[cold]
+    #[inline(never)]
+    fn start(
+        request: Option<Req>,
+        shared: &Arc<Shared<S>>,
+        err: BoxError,
+    ) -> Result<Pin<Box<Self>>, Result<S::Response, BoxError>> {
+        let Some(mut request) = request else {
+            return Err(Err(err));
+        };
+        let mut policy = shared.policy.clone();
+        let mut result = Err(err);
+        match Policy::<Req, S::Response, BoxError>::retry(&mut policy, &mut request, &mut result) {
+            Some(delay) => Ok(Box::pin(Retrying {
+                state: State::Waiting { delay },
+                request: Some(request),
+                shared: shared.clone(),
+                policy,
+            })),
+            None => Err(result),
+        }
+    }
+}
+
+impl<S, Req> Future for Retrying<S, Req>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    Req: RetryRequest,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
+                StateProj::Waiting { delay } => {
+                    ready!(delay.poll(cx));
+                    let service = this.shared.service.clone();
+                    this.state.set(State::Readying { service });
+                }
+                StateProj::Readying { service } => {
+                    if let Err(err) = ready!(service.poll_ready(cx)) {
+                        return Poll::Ready(Err(err.into()));
+                    }
+                    let Some(request) = this.request.take() else {
+                        // Unreachable: a retry is readied with its request.
+                        return Poll::Ready(Err("the retry lost its request".into()));
+                    };
+                    *this.request =
+                        Policy::<Req, S::Response, BoxError>::clone_request(this.policy, &request);
+                    let future = service.call(request);
+                    this.state.set(State::Called { future });
+                }
                 StateProj::Called { future } => {
-                    // A success goes straight out: no policy, copy or
-                    // error conversion is touched.
                     let err = match ready!(future.poll(cx)) {
                         Ok(response) => return Poll::Ready(Ok(response)),
                         Err(err) => err.into(),
                     };
-                    let Some(mut request) = this.request.take() else {
+                    let Some(request) = this.request.as_mut() else {
                         return Poll::Ready(Err(err));
                     };
                     let mut result = Err(err);
-                    let policy = this
-                        .policy
-                        .get_or_insert_with(|| Box::new(this.shared.policy.clone()));
-                    match policy.retry(&mut request, &mut result) {
-                        Some(delay) => this.state.set(State::Waiting {
-                            delay: Box::pin(delay),
-                            request: Some(request),
-                        }),
+                    match this.policy.retry(request, &mut result) {
+                        Some(delay) => this.state.set(State::Waiting { delay }),
                         None => return Poll::Ready(result),
                     }
-                }
-                StateProj::Waiting { delay, request } => {
-                    ready!(delay.as_mut().poll(cx));
-                    let request = request.take();
-                    let service = this.shared.service.clone();
-                    this.state.set(State::Readying { service, request });
-                }
-                StateProj::Readying { service, request } => {
-                    if let Err(err) = ready!(service.poll_ready(cx)) {
-                        return Poll::Ready(Err(err.into()));
-                    }
-                    let Some(request) = request.take() else {
-                        // Unreachable: a retry is readied with its request.
-                        return Poll::Ready(Err("the retry lost its request".into()));
-                    };
-                    if let Some(policy) = this.policy.as_deref_mut() {
-                        *this.request =
-                            Policy::<Req, S::Response, BoxError>::clone_request(policy, &request);
-                    }
-                    let future = service.call(request);
-                    this.state.set(State::Called { future });
                 }
             }
         }

@@ -192,6 +192,19 @@ impl<S: Clone> LlmRetry<S> {
     }
 }
 
+impl<S: Clone> LlmRetry<S> {
+    /// Shares the inner service as [`get_mut`](Self::get_mut) left it.
+    #[cold]
+    #[inline(never)]
+    fn refresh(&mut self) {
+        self.shared = Arc::new(Shared {
+            policy: self.shared.policy.clone(),
+            service: self.inner.clone(),
+        });
+        self.stale = false;
+    }
+}
+
 impl<S> LlmRetry<S> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
@@ -235,14 +248,10 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    #[inline]
+    #[inline(always)]
     fn call(&mut self, mut req: Req) -> Self::Future {
         if self.stale {
-            self.shared = Arc::new(Shared {
-                policy: self.shared.policy.clone(),
-                service: self.inner.clone(),
-            });
-            self.stale = false;
+            self.refresh();
         }
         req.guard();
         let policy = &self.shared.policy;
