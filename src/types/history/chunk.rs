@@ -99,18 +99,24 @@ impl Chunk {
         self.messages.push(message);
     }
 
-    /// Keeps the first `len` messages and their cached digests.
+    /// Keeps the first `len` messages, their cached digests and their
+    /// summed text size (what was cut is taken off the sum, not summed
+    /// again: a caller that truncates a long thread each run pays for what
+    /// it cut only).
     pub(super) fn truncate(&mut self, len: usize) {
-        self.messages.truncate(len);
         let cache = self.cache.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if cache.summed > len {
+            let cut: u64 = self.messages[len..cache.summed]
+                .iter()
+                .map(|m| m.text_len() as u64)
+                .sum();
+            cache.summed = len;
+            cache.text_len -= cut;
+        }
         if let Some(cached) = &mut cache.digests {
             cached.digests.truncate(len);
         }
-        if cache.summed > len {
-            // Summed again when next asked for.
-            cache.summed = 0;
-            cache.text_len = 0;
-        }
+        self.messages.truncate(len);
     }
 }
 

@@ -534,6 +534,7 @@ mod tests {
         let mut history: History = (0..5).map(|i| Message::user(format!("{i}"))).collect();
         let three: History = history.iter().take(3).cloned().collect();
         history.digest();
+        assert_eq!(history.text_len(), 5);
         let lineage = history.lineage();
         history.truncate(3);
         assert_eq!(history.len(), 3);
