@@ -235,9 +235,24 @@ impl RunContext {
             let prices = shared.ledger.as_ref().and_then(|l| l.prices.clone());
             (prices, shared.rare.as_ref().and_then(|r| r.port.clone()))
         };
-        // The hook points ride in the rare parts: a child of a hooked run
-        // has them from the start.
-        let has_rare = port.is_some();
+        let shared = Shared {
+            ledger: prices.map(|prices| {
+                Box::new(Ledger {
+                    prices: Some(prices),
+                    ..Ledger::default()
+                })
+            }),
+            // The hook points ride in the rare parts: a child of a hooked
+            // run has them from the start.
+            rare: port.map(|port| {
+                Box::new(Rare {
+                    port: Some(port),
+                    ..Rare::default()
+                })
+            }),
+            ..Shared::default()
+        };
+        let has_rare = shared.rare.is_some();
         RunContext {
             inner: Arc::new(Inner {
                 run_id: OnceLock::new(),
@@ -246,21 +261,7 @@ impl RunContext {
                 iteration: AtomicU32::new(0),
                 cancel: OnceLock::from(self.token().child_token()),
                 state: Mutex::default(),
-                shared: Mutex::new(Shared {
-                    ledger: prices.map(|prices| {
-                        Box::new(Ledger {
-                            prices: Some(prices),
-                            ..Ledger::default()
-                        })
-                    }),
-                    rare: port.map(|port| {
-                        Box::new(Rare {
-                            port: Some(port),
-                            ..Rare::default()
-                        })
-                    }),
-                    ..Shared::default()
-                }),
+                shared: Mutex::new(shared),
                 hook_failed: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
@@ -678,16 +679,11 @@ impl RunContext {
         if !self.inner.stop_unattributed.load(Ordering::Acquire) {
             return;
         }
-        if let Some(stop) = self
-            .shared()
-            .rare
-            .as_mut()
-            .and_then(|rare| rare.stop.as_mut())
-        {
-            if stop.by.is_none() {
+        self.read_rare(|rare| {
+            if let Some(stop) = rare.stop.as_mut().filter(|stop| stop.by.is_none()) {
                 stop.by = Some(by.to_owned());
             }
-        }
+        });
         self.inner.stop_unattributed.store(false, Ordering::Release);
     }
 
