@@ -211,7 +211,7 @@ pub fn new_run_id() -> Arc<str> {
     for (i, digit) in id[4..].iter_mut().enumerate() {
         *digit = HEX[(bits >> (60 - 4 * i)) as usize & 0xf];
     }
-    Arc::from(&*String::from_utf8_lossy(&id))
+    Arc::from(std::str::from_utf8(&id).expect("ASCII"))
 }
 
 impl RunContext {

@@ -13,7 +13,9 @@ use tower::Service;
 
 use crate::error::{BoxError, ErrorKind, ProviderError};
 use crate::request::ModelCall;
-use crate::types::{Message, ModelDelta, ModelName, ModelRequest, ModelResponse, ToolCall, Usage};
+use crate::types::{
+    FinishReason, Message, ModelDelta, ModelName, ModelRequest, ModelResponse, ToolCall, Usage,
+};
 
 /// One answer of a [`ScriptedModel`]: a message (text, tool calls or both),
 /// or an error, with usage and streaming options.
@@ -237,16 +239,28 @@ impl fmt::Debug for ScriptedModel {
     }
 }
 
-fn estimate(bytes: u64) -> u64 {
-    bytes.div_ceil(4)
+/// `call_<n>`, written without the formatting machinery.
+fn call_id(n: u64) -> String {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    let digits = &digits[at..];
+    let mut id = String::with_capacity(5 + digits.len());
+    id.push_str("call_");
+    id.extend(digits.iter().map(|&d| char::from(d)));
+    id
 }
 
-/// What a turn answers: now, or after the turn's own delay. An answer
-/// now is returned, never held across an `.await`: it is the size of a
-/// whole response.
-enum Reply {
-    Now(Result<ModelResponse, BoxError>),
-    Later(BoxFuture<'static, Result<ModelResponse, BoxError>>),
+fn estimate(bytes: u64) -> u64 {
+    bytes.div_ceil(4)
 }
 
 fn no_more_turns() -> BoxError {
@@ -269,21 +283,29 @@ impl ScriptedModel {
         }
     }
 
-    /// Answers `call` with `turn`, or with the script's next turn.
-    fn reply(&self, call: ModelCall, turn: Option<ScriptedTurn>) -> Reply {
+    /// Answers `call` with `turn`, or with the script's next turn: now, or
+    /// after the turn's own delay. An answer now is returned as it is made,
+    /// never held across an `.await` nor moved through a wrapper: it is the
+    /// size of a whole response.
+    fn reply(
+        &self,
+        call: ModelCall,
+        turn: Option<ScriptedTurn>,
+    ) -> Result<Result<ModelResponse, BoxError>, BoxFuture<'static, Result<ModelResponse, BoxError>>>
+    {
         let Some(turn) = turn.or_else(|| self.next_turn(&call.request)) else {
-            return Reply::Now(Err(no_more_turns()));
+            return Ok(Err(no_more_turns()));
         };
         match turn.delay.filter(|d| !d.is_zero()) {
             // Rare: the wait and what it keeps get a future of their own.
             Some(delay) => {
                 let this = self.clone();
-                Reply::Later(Box::pin(async move {
+                Err(Box::pin(async move {
                     tokio::time::sleep(delay).await;
                     this.answer(&call, turn)
                 }))
             }
-            None => Reply::Now(self.answer(&call, turn)),
+            None => Ok(self.answer(&call, turn)),
         }
     }
 
@@ -306,7 +328,7 @@ impl ScriptedModel {
                 .next_call_id
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if tool_call.id.is_empty() {
-                tool_call.id = format!("call_{}", n + 1);
+                tool_call.id = call_id(n + 1);
             }
         }
         if let Some(sink) = &call.stream {
@@ -343,9 +365,18 @@ impl ScriptedModel {
             request.model.clone()
         };
         call.context.record_usage(&model, usage);
-        let mut response = ModelResponse::new(model, message).usage(usage);
-        response.usage_recorded = true;
-        Ok(response)
+        // Built in place: a response is moved as a whole at every step.
+        Ok(ModelResponse {
+            finish_reason: if message.tool_calls.is_empty() {
+                FinishReason::Stop
+            } else {
+                FinishReason::ToolCalls
+            },
+            message,
+            usage,
+            model,
+            usage_recorded: true,
+        })
     }
 }
 
@@ -460,8 +491,8 @@ impl Future for ScriptedFuture {
             }
         };
         match reply {
-            Reply::Now(result) => Poll::Ready(result),
-            Reply::Later(mut fut) => {
+            Ok(result) => Poll::Ready(result),
+            Err(mut fut) => {
                 let polled = fut.as_mut().poll(cx);
                 if polled.is_pending() {
                     state.set(State::Later { fut });
@@ -469,5 +500,17 @@ impl Future for ScriptedFuture {
                 polled
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::call_id;
+
+    #[test]
+    fn call_ids_are_numbered_in_decimal() {
+        assert_eq!(call_id(1), "call_1");
+        assert_eq!(call_id(10), "call_10");
+        assert_eq!(call_id(u64::MAX), format!("call_{}", u64::MAX));
     }
 }
