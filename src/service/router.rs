@@ -1,5 +1,6 @@
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -104,7 +105,7 @@ pub struct ToolTraits {
 ///
 /// Cheap: the table is shared.
 #[derive(Debug, Clone, Default)]
-pub struct RunTools(Arc<HashMap<String, ToolTraits>>);
+pub struct RunTools(Arc<NameMap<ToolTraits>>);
 
 impl RunTools {
     /// The table in `ctx`'s run state, if any: one inserted there with
@@ -112,7 +113,7 @@ impl RunTools {
     /// run began, or else the agent's.
     pub fn of(ctx: &crate::context::RunContext) -> Option<RunTools> {
         ctx.state::<RunTools>().or_else(|| {
-            let tools = ctx.run_tools()?.downcast::<HashMap<String, ToolTraits>>();
+            let tools = ctx.run_tools()?.downcast::<NameMap<ToolTraits>>();
             tools.ok().map(RunTools)
         })
     }
@@ -127,6 +128,11 @@ impl RunTools {
     /// The traits of the tool `name`.
     pub fn get(&self, name: &str) -> Option<&ToolTraits> {
         self.0.get(name)
+    }
+
+    /// Whether the traits of any tool meet `f`.
+    pub(crate) fn any(&self, f: impl Fn(&ToolTraits) -> bool) -> bool {
+        self.0.values().any(f)
     }
 
     /// The number of tools.
@@ -171,6 +177,63 @@ impl From<FnTool> for ToolDef {
             read_only,
             ..ToolDef::new(spec, tool)
         }
+    }
+}
+
+/// A table by tool name. Its names are fixed when it is built; a name a
+/// model sends only looks one up, so it is hashed the quick way
+/// ([`NameHash`]) rather than with a DoS-resistant hash (each tool call
+/// looks up two such tables).
+type NameMap<V> = HashMap<String, V, NameHash>;
+
+/// Hashes tool names with FxHash's rotate-multiply, eight bytes at a time.
+#[derive(Debug, Clone, Copy, Default)]
+struct NameHash;
+
+impl BuildHasher for NameHash {
+    type Hasher = NameHasher;
+
+    fn build_hasher(&self) -> NameHasher {
+        NameHasher(0)
+    }
+}
+
+struct NameHasher(u64);
+
+impl NameHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0xf135_7aea_2e62_a9c5);
+    }
+}
+
+impl Hasher for NameHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            self.add(u64::from_le_bytes(word.try_into().expect("eight bytes")));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let word = rest
+                .iter()
+                .enumerate()
+                .fold(0u64, |word, (i, b)| word | u64::from(*b) << (8 * i));
+            self.add(word);
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, byte: u8) {
+        self.add(u64::from(byte));
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        // The multiply mixes into the high bits: turn them down to where
+        // the table picks its bucket.
+        self.0.rotate_left(26)
     }
 }
 
@@ -232,7 +295,7 @@ pub trait ToolSource: Send + Sync + 'static {
 /// Cheap: the table is shared.
 #[derive(Clone, Default)]
 pub struct ToolRouter {
-    tools: Arc<HashMap<String, Entry>>,
+    tools: Arc<NameMap<Entry>>,
     specs: Arc<[ToolSpec]>,
     sources: Arc<[Arc<dyn ToolSource>]>,
 }
@@ -304,7 +367,9 @@ impl ToolRouter {
         self.tools.is_empty()
     }
 
-    fn check(&self, invocation: &ToolInvocation) -> Result<BoxTool, ToolOutput> {
+    /// The tool `invocation` goes to, or the router's own answer when it
+    /// refuses it (an unknown tool, arguments that miss the schema).
+    pub(crate) fn check(&self, invocation: &ToolInvocation) -> Result<BoxTool, ToolOutput> {
         let name = &invocation.call.name;
         let found;
         let entry = match self.tools.get(name) {
