@@ -1,5 +1,6 @@
 //! The [`Agent`]: the run loop as a `Service<RunRequest>`.
 
+mod bare_tool;
 pub mod definition;
 mod ext;
 pub mod handle;
@@ -63,6 +64,9 @@ pub(crate) struct Config {
     pub(crate) router: Option<ToolRouter>,
     pub(crate) specs: Arc<[ToolSpec]>,
     pub(crate) flags: RunTools,
+    /// Whether a tool declares approval or idempotence: without one, a
+    /// call's traits are not looked up.
+    pub(crate) flagged: bool,
     pub(crate) max_turns: u32,
     pub(crate) parallel_tool_calls: bool,
     pub(crate) settings: Arc<ModelSettings>,
@@ -488,10 +492,11 @@ impl AgentBuilder {
                 .chain(handoffs.iter().map(Handoff::spec))
                 .collect()
         };
-        let flags = specs
+        let flags: RunTools = specs
             .iter()
             .filter_map(|s| Some((s.name.clone(), self.tools.get(&s.name)?.traits())))
             .collect();
+        let flagged = flags.any(|t| t.requires_approval || t.idempotent);
         let boxed = box_tool(self.tools.clone());
         let (tools, router) = match self.tool_stack {
             Some(stack) => (stack(boxed), None),
@@ -511,6 +516,7 @@ impl AgentBuilder {
                 router,
                 specs,
                 flags,
+                flagged,
                 max_turns: self.max_turns,
                 parallel_tool_calls: self.parallel_tool_calls,
                 settings: Arc::new(settings),

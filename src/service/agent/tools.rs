@@ -3,16 +3,17 @@
 use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
 
-use futures::future::{try_join_all, BoxFuture, Either};
+use futures::future::{try_join_all, BoxFuture};
 use futures::FutureExt;
-use tower::ServiceExt;
 use tracing::Instrument;
 
+use super::bare_tool::BareToolCall;
 use super::hooked_turn::HookedToolCall;
 use super::limits::ToolLimits;
 use super::observe::ToolCallObserver;
 use super::state::{classify, Run};
 use super::ToolFlags;
+use crate::context::Guard;
 use crate::error::{attribute_tripwire, panic_message, AgentError};
 use crate::event::AgentEvent;
 use crate::hooks::{Notification, StickyApprovals, ToolCallResult, ToolDecision, ToolVerdict};
@@ -287,12 +288,12 @@ impl Run {
             }
             None => ToolDecision::Continue,
         };
-        let flags = self
-            .config
-            .flags
-            .get(&call.name)
-            .copied()
-            .unwrap_or_default();
+        let flags = if self.config.flagged {
+            let flags = self.config.flags.get(&call.name);
+            flags.copied().unwrap_or_default()
+        } else {
+            ToolFlags::default()
+        };
         let done = move |call: Cow<'c, ToolCall>, output: ToolOutput| Outcome::Done {
             index,
             call,
@@ -386,35 +387,42 @@ impl Run {
         span: &tracing::Span,
     ) -> Result<(ToolOutput, Option<String>), AgentError> {
         let ctx = &self.ctx;
-        // The invocation and the call's future are made inside the race's
-        // argument: the run's future keeps the race alone, not a second
-        // copy of them for locals.
-        let result = ctx
-            .race({
-                let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
-                invocation.approved = approved;
-                invocation.idempotent = flags.idempotent;
-                // Without hooks, the call goes straight to the tool stack,
-                // or to the router when no tool layer wraps it: nothing
-                // boxed on the way.
-                let fut = match (&self.hooks, &self.config.router) {
-                    (Some(hooks), router) => Either::Left(HookedToolCall::new(
+        let result = match &self.hooks {
+            // The invocation and the call's future are made inside the
+            // race's argument: the run's future keeps the race alone, not a
+            // second copy of them for locals.
+            Some(hooks) => {
+                ctx.race({
+                    let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
+                    invocation.approved = approved;
+                    invocation.idempotent = flags.idempotent;
+                    let fut = HookedToolCall::new(
                         &**hooks,
                         ctx,
                         call,
                         invocation,
                         &self.config.tools,
-                        router.as_ref(),
-                    )),
-                    // The agent's own router, routing in place: no clone.
-                    (None, Some(router)) => Either::Right(Either::Left(router.route(invocation))),
-                    (None, None) => {
-                        Either::Right(Either::Right(self.config.tools.clone().oneshot(invocation)))
-                    }
-                };
-                AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind()
-            })
-            .await?;
+                        self.config.router.as_ref(),
+                    );
+                    AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind()
+                })
+                .await?
+            }
+            // Without hooks, the call goes straight to the tool stack, or
+            // to the router when no tool layer wraps it, which routes in
+            // place: nothing boxed or cloned on the way.
+            None => {
+                BareToolCall::new(
+                    Guard::new(ctx),
+                    call,
+                    (approved, flags.idempotent),
+                    self.config.router.as_ref(),
+                    &self.config.tools,
+                    span,
+                )
+                .await?
+            }
+        };
         let mut panicked = None;
         let mut output = match result {
             Err(panic) => {
