@@ -37,7 +37,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::error::{AgentError, TimeoutSource};
 use crate::event::{AgentEvent, EventSink, NoopSink};
-use crate::types::{Cost, History, PriceTable, StopReason, Usage};
+use crate::types::{Cost, History, ModelName, PriceTable, StopReason, Usage};
 
 /// One entry of the usage ledger: one model call that reached a backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,7 +47,7 @@ pub struct UsageEntry {
     /// The agent of that run.
     pub agent: Option<Arc<str>>,
     /// The model that answered.
-    pub model: String,
+    pub model: ModelName,
     /// What it cost.
     pub usage: Usage,
     /// Its price, when the run has a price table
@@ -196,10 +196,10 @@ fn add_to_total(ledger: &mut Ledger, entry: UsageEntry) {
     if let Some(cost) = entry.cost {
         *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
     }
-    if ledger.entries.capacity() == 0 {
-        // Many runs make one call: room for one entry, not four.
-        ledger.entries.reserve_exact(1);
-    }
+    // Room for four entries at once: a run that makes a second call would
+    // otherwise move the first into a new room (the allocator's costliest
+    // way to grow a block), and a run waiting on its first answer holds
+    // no ledger yet.
     ledger.entries.push(entry);
 }
 
@@ -432,6 +432,12 @@ impl RunContext {
     /// nested in. Providers call this; see
     /// [`ModelResponse::usage_recorded`](crate::types::ModelResponse::usage_recorded).
     pub fn record_usage(&self, model: &str, usage: Usage) {
+        self.record_usage_of(&ModelName::from(model), usage);
+    }
+
+    /// [`record_usage`](Self::record_usage) of a name already shared: its
+    /// entries share it too.
+    pub(crate) fn record_usage_of(&self, model: &ModelName, usage: Usage) {
         let run_id = self.run_id().clone();
         let mut entry = None;
         // This run's own figures, its total and its entry, in one lock; the
@@ -449,7 +455,7 @@ impl RunContext {
             let own = UsageEntry {
                 run_id,
                 agent,
-                model: model.to_owned(),
+                model: model.clone(),
                 usage,
                 cost,
             };
@@ -462,7 +468,7 @@ impl RunContext {
         if let Some(cost) = cost {
             self.emit(|| AgentEvent::CostRecorded {
                 run_id: self.run_id().clone(),
-                model: model.to_owned(),
+                model: model.to_string(),
                 usage,
                 cost,
             });

@@ -417,7 +417,7 @@ async fn usage_is_exact_in_a_run_mixing_retry_and_fallback() {
     let entries: Vec<_> = ctx
         .usage_entries()
         .into_iter()
-        .map(|e| (e.model, e.usage))
+        .map(|e| (e.model.to_string(), e.usage))
         .collect();
     assert_eq!(
         entries,

@@ -170,7 +170,7 @@ impl Observed {
     fn billed(&self) -> Vec<(String, Usage)> {
         self.ledger
             .iter()
-            .map(|e| (e.model.clone(), e.usage))
+            .map(|e| (e.model.to_string(), e.usage))
             .collect()
     }
 }

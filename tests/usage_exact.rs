@@ -82,7 +82,7 @@ async fn retry_fallback_and_cache_count_exactly() {
     let entries: Vec<(String, Usage)> = ctx
         .usage_entries()
         .into_iter()
-        .map(|e| (e.model, e.usage))
+        .map(|e| (e.model.to_string(), e.usage))
         .collect();
     assert_eq!(
         entries,

@@ -364,7 +364,7 @@ impl ScriptedModel {
         } else {
             request.model.clone()
         };
-        call.context.record_usage(&model, usage);
+        call.context.record_usage_of(&model, usage);
         // Built in place: a response is moved as a whole at every step.
         Ok(ModelResponse {
             finish_reason: if message.tool_calls.is_empty() {

@@ -114,7 +114,7 @@ pub fn run(run: &Observed, journal: &[Attempt], tally: &mut Tally) -> Vec<String
     let mut billed: Vec<(String, Usage)> = run
         .ledger
         .iter()
-        .map(|e| (e.model.clone(), e.usage))
+        .map(|e| (e.model.to_string(), e.usage))
         .collect();
     let mut reported: Vec<(String, Usage)> = journal
         .iter()

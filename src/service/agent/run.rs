@@ -537,7 +537,7 @@ impl Run {
             }
         };
         if !response.usage_recorded {
-            ctx.record_usage(&response.model, response.usage);
+            ctx.record_usage_of(&response.model, response.usage);
             response.usage_recorded = true;
         }
         observer.record(&response);
@@ -641,7 +641,7 @@ impl Future for BareTurn<'_> {
             }
         };
         if !response.usage_recorded {
-            ctx.record_usage(&response.model, response.usage);
+            ctx.record_usage_of(&response.model, response.usage);
             response.usage_recorded = true;
         }
         observer.record(&response);
