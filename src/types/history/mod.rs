@@ -99,6 +99,7 @@ impl Inner {
     /// size are merged (each chunk stays over twice the size of the next).
     fn push(&mut self, message: Message) {
         if let Some(last) = self.chunks.last_mut().and_then(Arc::get_mut) {
+            reserve_one(&mut last.messages);
             last.push(message);
             return;
         }
@@ -129,6 +130,19 @@ impl Inner {
         }
         self.pinned = 0;
         Arc::get_mut(&mut self.chunks[0]).expect("just made unique")
+    }
+}
+
+/// Makes room for one more message, by moving the messages to a room
+/// twice as large rather than by `realloc`: a room just as large is
+/// usually in the allocator's per-thread cache, which a `realloc` that
+/// cannot grow in place passes by to search its bins (several times the
+/// cost of the move, in a run's appends).
+fn reserve_one(messages: &mut Vec<Message>) {
+    if messages.len() == messages.capacity() {
+        let mut grown = Vec::with_capacity((2 * messages.capacity()).max(4));
+        grown.append(messages);
+        *messages = grown;
     }
 }
 
