@@ -453,8 +453,7 @@ where
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
 {
-    use tower::ServiceExt;
-    tower::util::BoxCloneSyncService::new(service.map_err(Into::into))
+    tower::util::BoxCloneSyncService::new(ErrInto(service))
 }
 
 /// Erases a tool service's type.
@@ -464,8 +463,63 @@ where
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
 {
-    use tower::ServiceExt;
-    tower::util::BoxCloneSyncService::new(service.map_err(Into::into))
+    tower::util::BoxCloneSyncService::new(ErrInto(service))
+}
+
+/// `S` with its errors made [`BoxError`]s: what `map_err(Into::into)`
+/// does, with a future that converts the error as it passes, where
+/// `map_err`'s moves the answer through a closure and a state of its own
+/// (an answer is a whole response, and every boxed model or tool has one).
+#[derive(Clone)]
+struct ErrInto<S>(S);
+
+impl<S, R> tower::Service<R> for ErrInto<S>
+where
+    S: tower::Service<R>,
+    S::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ErrIntoFuture<S::Future>;
+
+    #[inline]
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        self.0.poll_ready(cx).map_err(Into::into)
+    }
+
+    #[inline]
+    fn call(&mut self, request: R) -> Self::Future {
+        ErrIntoFuture {
+            fut: self.0.call(request),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`ErrInto`].
+    struct ErrIntoFuture<F> {
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F, T, E> std::future::Future for ErrIntoFuture<F>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<T, BoxError>;
+
+    #[inline]
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<T, BoxError>> {
+        self.project().fut.poll(cx).map_err(Into::into)
+    }
 }
 
 /// What a failed tool call becomes: the error result the model reads, or,
