@@ -133,13 +133,15 @@ impl Inner {
     }
 }
 
-/// Makes room for one more message, by moving the messages to a room
-/// twice as large rather than by `realloc`: a room just as large is
-/// usually in the allocator's per-thread cache, which a `realloc` that
-/// cannot grow in place passes by to search its bins (several times the
-/// cost of the move, in a run's appends).
+/// Makes room for one more message in a short chunk, by moving the
+/// messages to a room twice as large rather than by `realloc`: a room that
+/// small is usually in the allocator's per-thread cache, which a `realloc`
+/// that cannot grow in place passes by to search its bins (several times
+/// the cost of the move, in a run's appends). A long chunk grows as a
+/// `Vec` does, where `realloc` may remap its pages instead of copying them.
 fn reserve_one(messages: &mut Vec<Message>) {
-    if messages.len() == messages.capacity() {
+    const SHORT: usize = 64;
+    if messages.len() == messages.capacity() && messages.capacity() < SHORT {
         let mut grown = Vec::with_capacity((2 * messages.capacity()).max(4));
         grown.append(messages);
         *messages = grown;
