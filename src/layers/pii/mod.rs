@@ -196,6 +196,7 @@
 //! assert!(matches!(session.mask("Nothing to see here, 42 times.").unwrap(), Cow::Borrowed(_)));
 //! ```
 
+mod clean;
 mod layer;
 mod memo;
 mod service;

@@ -8,7 +8,8 @@ use std::task::{Context, Poll};
 use serde_json::json;
 use tower::Service;
 
-use super::memo::CleanMemo;
+use super::clean::CleanTexts;
+use super::memo::{CleanMemo, Known};
 use super::stream::Streamed;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
@@ -35,6 +36,8 @@ struct Core {
     engine: Result<PiiEngine, Arc<str>>,
     /// The histories this engine found clean, across runs.
     clean: CleanMemo,
+    /// The messages this engine found clean, across runs and histories.
+    texts: CleanTexts,
 }
 
 impl fmt::Debug for Core {
@@ -58,6 +61,7 @@ impl<S> MaskPii<S> {
             core: Arc::new(Core {
                 engine,
                 clean: CleanMemo::default(),
+                texts: CleanTexts::default(),
             }),
         }
     }
@@ -136,6 +140,7 @@ fn mask_run(
     core: &Core,
     engine: &PiiEngine,
     history: &History,
+    known_clean: usize,
 ) -> Result<Masked, PiiBlocked> {
     let shared = ctx.with_state(|state| {
         state
@@ -153,7 +158,7 @@ fn mask_run(
     });
     // The run's lock, then the context's: the other way round nowhere.
     let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
-    let known_clean = core.clean.clean_len(history.lineage()).min(history.len());
+    let known_clean = known_clean.min(history.len());
     let mut masked = masked_history(&mut state, history, known_clean)?;
     if masked.history.is_none() {
         // Nothing to mask: nothing the model reads is a placeholder.
@@ -345,17 +350,44 @@ where
         let history = &call.request.messages;
         // A history this engine found clean: sent as it is, nothing to
         // restore, the run's state not even looked at.
-        let prepared =
-            if core.engine.is_ok() && core.clean.clean_len(history.lineage()) >= history.len() {
+        let prepared = match (&core.engine, core.clean.known(history.lineage())) {
+            (Ok(_), Known::Clean(n) | Known::Dirty(n)) if n >= history.len() => {
                 Ok(Prepared::default())
-            } else {
-                prepare(core, &mut call)
-            };
+            }
+            (Ok(_), Known::Dirty(n)) => prepare(core, &mut call, n),
+            (Ok(engine), known) => check(core, engine, &mut call, known.clean_len()),
+            (Err(_), _) => prepare(core, &mut call, 0),
+        };
         match prepared {
             Ok(Prepared { restore, stream }) => {
                 future::ResponseFuture::new(self.inner.call(call), restore, stream)
             }
             Err(err) => future::ResponseFuture::blocked(err),
+        }
+    }
+}
+
+/// A history the memo knows clean up to `clean` messages: the messages
+/// after those are checked (each one seen clean before costs a hash, the
+/// others a scan). All clean: sent as it is, nothing to restore, the run's
+/// state not looked at. Else masked with the run's state from the first
+/// message that holds something.
+#[inline(never)]
+fn check(
+    core: &Core,
+    engine: &PiiEngine,
+    call: &mut ModelCall,
+    clean: usize,
+) -> Result<Prepared, BoxError> {
+    let history = &call.request.messages;
+    match core.texts.first_dirty(engine, history, clean) {
+        None => {
+            core.clean.record(history.lineage(), history.len());
+            Ok(Prepared::default())
+        }
+        Some(dirty) => {
+            core.clean.record_dirty(history.lineage(), dirty);
+            prepare(core, call, dirty)
         }
     }
 }
@@ -368,20 +400,26 @@ struct Prepared {
     stream: Option<Arc<Streamed>>,
 }
 
-/// Masks `call`'s history (what the run's last call did not cover) and
-/// wraps its stream when there is something to restore. Kept out of
-/// [`MaskPii::call`], so that stays small enough to inline.
+/// Masks `call`'s history (what the run's last call did not cover; the
+/// first `known_clean` messages hold nothing to mask) and wraps its stream
+/// when there is something to restore. Kept out of [`MaskPii::call`], so
+/// that stays small enough to inline.
 #[inline(never)]
-fn prepare(core: &Core, call: &mut ModelCall) -> Result<Prepared, BoxError> {
+fn prepare(core: &Core, call: &mut ModelCall, known_clean: usize) -> Result<Prepared, BoxError> {
     let engine = match &core.engine {
         Ok(engine) => engine,
         Err(message) => return Err(Box::new(AgentError::Config(message.to_string()))),
     };
     let masked = match unchanged(&call.context, &call.request.messages) {
         Some(masked) => masked,
-        None => {
-            mask_run(&call.context, core, engine, &call.request.messages).map_err(blocked_error)?
-        }
+        None => mask_run(
+            &call.context,
+            core,
+            engine,
+            &call.request.messages,
+            known_clean,
+        )
+        .map_err(blocked_error)?,
     };
     let Masked {
         history,
