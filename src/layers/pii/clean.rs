@@ -10,11 +10,12 @@
 //! keyed hash of those texts, and only a message never seen clean is
 //! scanned.
 
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
 use crate::pii::PiiEngine;
-use crate::types::{ContentPart, History, Message, MessageContent, ToolCall};
+use crate::types::{ContentPart, History, Message, MessageContent};
 
 /// Slots, indexed by the fingerprint.
 const SLOTS: usize = 4096;
@@ -24,20 +25,26 @@ const SLOTS: usize = 4096;
 /// some writer stored or none; a newer one replaces an older one of its
 /// slot (it is a cache).
 pub(super) struct CleanTexts {
-    /// SipHash keys, random per table: a fingerprint cannot be aimed at
-    /// another from outside the process.
-    keys: std::collections::hash_map::RandomState,
+    /// The hash's seed, random per table: fingerprints are not known
+    /// outside the process.
+    seed: u64,
     slots: Box<[AtomicU64]>,
 }
 
 impl Default for CleanTexts {
     fn default() -> Self {
         Self {
-            keys: std::collections::hash_map::RandomState::new(),
+            seed: rand::random(),
             slots: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 }
+
+/// What a hashed text is to its message (a tag each, so that no two
+/// different messages chain the same texts).
+const TEXT: u64 = 0x9e37_79b9_7f4a_7c15;
+const PART: u64 = 0xc2b2_ae3d_27d4_eb4f;
+const ARGUMENTS: u64 = 0x1656_67b1_9e37_79f9;
 
 impl CleanTexts {
     fn slot(&self, fingerprint: u64) -> &AtomicU64 {
@@ -45,35 +52,37 @@ impl CleanTexts {
     }
 
     /// The fingerprint of what masking reads of `message` (never 0, the
-    /// empty slot).
+    /// empty slot): its texts hashed in order, each seeded with the hash so
+    /// far and its tag, then their shape.
     fn fingerprint(&self, message: &Message) -> u64 {
-        fn text(hasher: &mut impl Hasher, text: &str) {
-            hasher.write_usize(text.len());
-            hasher.write(text.as_bytes());
-        }
-        let mut hasher = self.keys.build_hasher();
-        match &message.content {
-            None => hasher.write_u8(0),
+        let mut hash = self.seed;
+        let mut text = |tag: u64, text: &str| hash = xxh3_64_with_seed(text.as_bytes(), hash ^ tag);
+        let (kind, parts) = match &message.content {
+            None => (0u64, 0u64),
             Some(MessageContent::Text(t)) => {
-                hasher.write_u8(1);
-                text(&mut hasher, t);
+                text(TEXT, t);
+                (1, 0)
             }
             Some(MessageContent::Parts(parts)) => {
-                hasher.write_u8(2);
+                let mut texts = 0;
                 for part in parts {
                     if let ContentPart::Text { text: t } = part {
-                        hasher.write_u8(1);
-                        text(&mut hasher, t);
+                        text(PART, t);
+                        texts += 1;
                     }
                 }
-                hasher.write_u8(0);
+                (2, texts)
             }
+        };
+        for call in &message.tool_calls {
+            text(ARGUMENTS, &call.arguments);
         }
-        hasher.write_usize(message.tool_calls.len());
-        for ToolCall { arguments, .. } in &message.tool_calls {
-            text(&mut hasher, arguments);
-        }
-        hasher.finish() | 1
+        let calls = message.tool_calls.len() as u64;
+        let mut shape = [0u8; 24];
+        shape[..8].copy_from_slice(&kind.to_le_bytes());
+        shape[8..16].copy_from_slice(&parts.to_le_bytes());
+        shape[16..].copy_from_slice(&calls.to_le_bytes());
+        xxh3_64_with_seed(&shape, hash) | 1
     }
 
     /// Whether `message` holds nothing `engine` masks: known from an earlier
