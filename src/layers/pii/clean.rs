@@ -77,12 +77,11 @@ impl CleanTexts {
         for call in &message.tool_calls {
             text(ARGUMENTS, &call.arguments);
         }
+        // The shape, one word (two bits of kind, then the counts), mixed in
+        // by a bijection: the texts' keyed hash already differs between
+        // messages.
         let calls = message.tool_calls.len() as u64;
-        let mut shape = [0u8; 24];
-        shape[..8].copy_from_slice(&kind.to_le_bytes());
-        shape[8..16].copy_from_slice(&parts.to_le_bytes());
-        shape[16..].copy_from_slice(&calls.to_le_bytes());
-        xxh3_64_with_seed(&shape, hash) | 1
+        mix(hash ^ (kind | parts << 2 | calls << 33)) | 1
     }
 
     /// Whether `message` holds nothing `engine` masks: known from an earlier
@@ -124,6 +123,15 @@ impl CleanTexts {
             first(&mut added.into_iter())
         }
     }
+}
+
+/// A 64-bit finalizer (MurmurHash3's): a bijection that spreads every bit.
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
 }
 
 /// How far into a history its iterator steps to the first message to check,
