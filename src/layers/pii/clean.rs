@@ -108,20 +108,28 @@ impl CleanTexts {
         from: usize,
     ) -> Option<usize> {
         let len = history.len();
-        let first = |messages: &mut dyn Iterator<Item = &Message>| {
-            (from..len)
-                .zip(messages)
-                .find_map(|(i, message)| (!self.is_clean(engine, message)).then_some(i))
-        };
         if from <= NEAR {
-            first(&mut history.iter().skip(from))
+            self.first_of(engine, from, history.iter().skip(from))
         } else {
             // Reaching message `from` from the front costs a step per
             // message before it: from the end instead.
             let mut added: Vec<&Message> = history.iter().rev().take(len - from).collect();
             added.reverse();
-            first(&mut added.into_iter())
+            self.first_of(engine, from, added.into_iter())
         }
+    }
+
+    /// The index of the first of `messages` (the first at index `from`)
+    /// that holds something to mask.
+    fn first_of<'a>(
+        &self,
+        engine: &PiiEngine,
+        from: usize,
+        messages: impl Iterator<Item = &'a Message>,
+    ) -> Option<usize> {
+        (from..)
+            .zip(messages)
+            .find_map(|(i, message)| (!self.is_clean(engine, message)).then_some(i))
     }
 }
 
