@@ -87,16 +87,28 @@ impl CleanTexts {
     /// Whether `message` holds nothing `engine` masks: known from an earlier
     /// scan, or scanned now (and remembered when clean).
     fn is_clean(&self, engine: &PiiEngine, message: &Message) -> bool {
+        match self.seen(message) {
+            Ok(()) => true,
+            Err(unseen) => {
+                let clean = scans_clean(engine, message);
+                if clean {
+                    unseen.clean();
+                }
+                clean
+            }
+        }
+    }
+
+    /// `Ok` when `message` was seen clean; else what remembers it clean,
+    /// for a caller that scans it itself.
+    pub(super) fn seen(&self, message: &Message) -> Result<(), Unseen<'_>> {
         let fingerprint = self.fingerprint(message);
         let slot = self.slot(fingerprint);
         if slot.load(Ordering::Relaxed) == fingerprint {
-            return true;
+            Ok(())
+        } else {
+            Err(Unseen { slot, fingerprint })
         }
-        let clean = scans_clean(engine, message);
-        if clean {
-            slot.store(fingerprint, Ordering::Relaxed);
-        }
-        clean
     }
 
     /// The index of the first message of `history` after the first `from`
@@ -145,6 +157,19 @@ fn mix(mut x: u64) -> u64 {
 /// How far into a history its iterator steps to the first message to check,
 /// rather than gathering the messages from its end.
 const NEAR: usize = 32;
+
+/// A message not seen clean yet: [`clean`](Self::clean) remembers it.
+pub(super) struct Unseen<'a> {
+    slot: &'a AtomicU64,
+    fingerprint: u64,
+}
+
+impl Unseen<'_> {
+    /// Remembers the message clean (it was scanned and found so).
+    pub(super) fn clean(self) {
+        self.slot.store(self.fingerprint, Ordering::Relaxed);
+    }
+}
 
 /// Whether masking leaves `message` as it is: what
 /// [`mask_message`](super::service) masks, detected the same way (the

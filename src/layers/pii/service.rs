@@ -159,7 +159,7 @@ fn mask_run(
     // The run's lock, then the context's: the other way round nowhere.
     let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
     let known_clean = known_clean.min(history.len());
-    let mut masked = masked_history(&mut state, history, known_clean)?;
+    let mut masked = masked_history(&mut state, &core.texts, history, known_clean)?;
     if masked.history.is_none() {
         // Nothing to mask: nothing the model reads is a placeholder.
         core.clean.record(history.lineage(), history.len());
@@ -261,9 +261,11 @@ fn restore_message(session: &PiiSession, message: &mut Message) {
 /// scanning), and the rest is masked again. A message masking leaves
 /// unchanged is not copied; while none changed, no history is built at all.
 ///
-/// `known_clean` leading messages are known to hold nothing to mask.
+/// `known_clean` leading messages are known to hold nothing to mask, and
+/// so is a message `texts` saw clean.
 fn masked_history(
     state: &mut RunPiiState,
+    texts: &CleanTexts,
     history: &History,
     known_clean: usize,
 ) -> Result<Masked, PiiBlocked> {
@@ -298,8 +300,13 @@ fn masked_history(
     if kept < len {
         let mut changed: Vec<(usize, Message)> = Vec::new();
         for (i, message) in history.iter().enumerate().skip(kept) {
-            if let Some(masked) = mask_message(&state.session, message, &mut count)? {
-                changed.push((i, masked));
+            // A message seen clean before is not scanned again.
+            let Err(unseen) = texts.seen(message) else {
+                continue;
+            };
+            match mask_message(&state.session, message, &mut count)? {
+                Some(masked) => changed.push((i, masked)),
+                None => unseen.clean(),
             }
         }
         match changed.first() {
