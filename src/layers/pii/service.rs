@@ -100,12 +100,17 @@ impl Sent {
 
 struct RunPiiState {
     session: Arc<PiiSession>,
-    /// The history masked last: its lineage tells an append from an edit,
-    /// and after an edit its messages tell how many are still the same.
-    source: Option<History>,
+    /// The `(lineage, len)` of the history masked last: an append to it
+    /// keeps its masked form. Not the history itself: an append to a
+    /// history held elsewhere copies messages.
+    source: Option<(u64, usize)>,
     /// The masked form of `source`; `None` while masking changed nothing,
     /// so the model gets the run's own history.
     masked: Option<History>,
+    /// The messages of `source` that masking changed, as they were (by
+    /// index): with `masked`, they tell after an edit how many messages
+    /// are still the same.
+    originals: Vec<(usize, Message)>,
     /// How many leading messages of `source` masking left unchanged.
     clean: usize,
 }
@@ -143,18 +148,20 @@ fn mask_run(
     known_clean: usize,
 ) -> Result<Masked, PiiBlocked> {
     let shared = ctx.with_state(|state| {
-        state
-            .get_or_insert_with(|| RunPii {
-                last: None,
-                shared: Arc::new(Mutex::new(RunPiiState {
-                    session: Arc::new(engine.session()),
-                    source: None,
-                    masked: None,
-                    clean: 0,
-                })),
-            })
-            .shared
-            .clone()
+        let run = state.get_or_insert_with(|| RunPii {
+            last: None,
+            shared: Arc::new(Mutex::new(RunPiiState {
+                session: Arc::new(engine.session()),
+                source: None,
+                masked: None,
+                originals: Vec::new(),
+                clean: 0,
+            })),
+        });
+        // What the last call sent does not answer this one: let go of it
+        // first, so that the masked history grows in place, not copied.
+        run.last = None;
+        run.shared.clone()
     });
     // The run's lock, then the context's: the other way round nowhere.
     let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
@@ -270,45 +277,63 @@ fn masked_history(
     known_clean: usize,
 ) -> Result<Masked, PiiBlocked> {
     let len = history.len();
-    let mut kept = match &state.source {
-        Some(source) if source.lineage() == history.lineage() && source.len() <= len => {
-            source.len()
+    let mut kept = match (state.source, &state.masked) {
+        (Some((lineage, was)), _) if lineage == history.lineage() && was <= len => was,
+        // An edit: the masked history holds the messages masking left
+        // alone as they were, `originals` the others.
+        (Some(_), Some(masked)) => {
+            let mut originals = state.originals.iter().peekable();
+            (0..)
+                .zip(masked.iter().zip(history.iter()))
+                .take_while(|(i, (masked, is))| {
+                    let was = originals
+                        .next_if(|(j, _)| j == i)
+                        .map_or(*masked, |(_, m)| m);
+                    was == *is
+                })
+                .count()
         }
-        Some(source) => source
-            .iter()
-            .zip(history.iter())
-            .take_while(|(was, is)| was == is)
-            .count(),
-        None => 0,
+        // Nothing was masked: there is no masked form to keep (and the
+        // messages seen clean are not scanned again).
+        (Some(_), None) | (None, _) => 0,
     };
-    if state.source.as_ref().is_some_and(|s| s.len() != kept) {
+    if state.source.is_some_and(|(_, was)| was != kept) {
         // Keep the masked form of the first `kept` messages only.
         if kept <= state.clean {
             state.masked = None;
+            state.originals.clear();
             state.clean = kept;
         } else if let Some(masked) = &mut state.masked {
             masked.truncate(kept);
+            state.originals.retain(|(i, _)| *i < kept);
         }
     }
     if known_clean > kept {
         // Masking leaves those messages as they are.
         state.masked = None;
+        state.originals.clear();
         state.clean = known_clean;
         kept = known_clean;
     }
     let mut count = 0;
     if kept < len {
         let mut changed: Vec<(usize, Message)> = Vec::new();
+        // Kept once every message is masked (a blocked one changes nothing).
+        let mut originals = Vec::new();
         for (i, message) in history.iter().enumerate().skip(kept) {
             // A message seen clean before is not scanned again.
             let Err(unseen) = texts.seen(message) else {
                 continue;
             };
             match mask_message(&state.session, message, &mut count)? {
-                Some(masked) => changed.push((i, masked)),
+                Some(masked) => {
+                    changed.push((i, masked));
+                    originals.push((i, message.clone()));
+                }
                 None => unseen.clean(),
             }
         }
+        state.originals.append(&mut originals);
         match changed.first() {
             None if state.masked.is_none() => state.clean = len,
             first => {
@@ -330,7 +355,7 @@ fn masked_history(
             }
         }
     }
-    state.source = Some(history.clone());
+    state.source = Some((history.lineage(), len));
     Ok(Masked {
         history: state.masked.clone(),
         count,
@@ -362,6 +387,9 @@ where
                 Ok(Prepared::default())
             }
             (Ok(_), Known::Dirty(n)) => prepare(core, &mut call, n),
+            // A history new to the memo, in a run that masked something:
+            // what it masked is known to the run's state.
+            (Ok(_), Known::Unknown) if masks(&call.context) => prepare(core, &mut call, 0),
             (Ok(engine), known) => check(core, engine, &mut call, known.clean_len()),
             (Err(_), _) => prepare(core, &mut call, 0),
         };
@@ -372,6 +400,12 @@ where
             Err(err) => future::ResponseFuture::blocked(err),
         }
     }
+}
+
+/// Whether the run of `ctx` has a masking state.
+#[inline]
+fn masks(ctx: &RunContext) -> bool {
+    ctx.with_state(|state| state.get::<RunPii>().is_some())
 }
 
 /// A history the memo knows clean up to `clean` messages: the messages

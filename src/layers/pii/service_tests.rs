@@ -156,6 +156,18 @@ async fn a_run_that_masks_something_skips_the_messages_seen_clean() {
         .map(|m| m.text().into_owned())
         .collect();
     assert_eq!(texts, ["mail <EMAIL_1>", "noted"]);
+
+    // An edit after the masked message: it keeps its masked form, unread.
+    let ctx = RunContext::new();
+    send(&mut svc, &ctx, &other).await;
+    take(&scanned);
+    let mut edited = other.clone();
+    edited.to_mut()[1] = Message::assistant("noted, twice");
+    send(&mut svc, &ctx, &edited).await;
+    assert_eq!(take(&scanned), ["noted, twice"]);
+    let last = model.requests().pop().unwrap();
+    assert_eq!(last.messages[0].text(), "mail <EMAIL_1>");
+    assert_eq!(last.messages[1].text(), "noted, twice");
 }
 
 #[tokio::test]
