@@ -8,7 +8,9 @@
 //! hold nothing to mask" is true of every history of lineage `L`, in any
 //! run, and a call whose history is such a prefix sends it unchanged and has
 //! nothing to restore, without a look at the run's state. A new run that
-//! continues a thread's history scans only what was added.
+//! continues a thread's history scans only what was added. The memo also
+//! marks where a lineage first holds something to mask: a call past that
+//! mark goes to the run's masking state at once.
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
