@@ -8,16 +8,18 @@
 //! hold nothing to mask" is true of every history of lineage `L`, in any
 //! run, and a call whose history is such a prefix sends it unchanged and has
 //! nothing to restore, without a look at the run's state. A new run that
-//! continues a thread's history scans only what was added.
+//! continues a thread's history scans only what was added. The memo also
+//! marks where a lineage first holds something to mask: a call past that
+//! mark goes to the run's masking state at once.
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// Slots, indexed by the (random) lineage.
 const SLOTS: usize = 64;
 
-/// A fixed table of `(lineage, clean length)` slots, each a seqlock: readers
-/// never wait and never see a torn pair; a writer that finds a slot busy
-/// skips the write (it is a cache).
+/// A fixed table of `(lineage, what is known)` slots, each a seqlock:
+/// readers never wait and never see a torn pair; a writer that finds a slot
+/// busy skips the write (it is a cache).
 pub(super) struct CleanMemo {
     slots: [Slot; SLOTS],
 }
@@ -27,8 +29,46 @@ struct Slot {
     /// Even when the slot is stable, odd while it is written.
     seq: AtomicU32,
     lineage: AtomicU64,
-    /// How many leading messages of `lineage` were found clean (0: none).
-    len: AtomicUsize,
+    /// What is known of `lineage`, [`Known::encode`]d (0: nothing).
+    known: AtomicUsize,
+}
+
+/// What the memo knows of a lineage's messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Known {
+    /// Nothing.
+    Unknown,
+    /// The first `n` messages hold nothing to mask (`n > 0`).
+    Clean(usize),
+    /// The first `n` messages hold nothing to mask, and the next one does:
+    /// the run's masking state is needed from there on.
+    Dirty(usize),
+}
+
+impl Known {
+    fn encode(self) -> usize {
+        match self {
+            Known::Unknown => 0,
+            Known::Clean(n) => n << 1,
+            Known::Dirty(n) => (n << 1) | 1,
+        }
+    }
+
+    fn decode(raw: usize) -> Self {
+        match (raw >> 1, raw & 1) {
+            (0, 0) => Known::Unknown,
+            (n, 0) => Known::Clean(n),
+            (n, _) => Known::Dirty(n),
+        }
+    }
+
+    /// How many leading messages are known to hold nothing to mask.
+    pub(super) fn clean_len(self) -> usize {
+        match self {
+            Known::Unknown => 0,
+            Known::Clean(n) | Known::Dirty(n) => n,
+        }
+    }
 }
 
 impl Default for CleanMemo {
@@ -44,30 +84,51 @@ impl CleanMemo {
         &self.slots[(lineage % SLOTS as u64) as usize]
     }
 
-    /// How many leading messages of `lineage` are known to hold nothing to
-    /// mask (0 when unknown).
+    /// What is known of `lineage`'s leading messages.
     #[inline]
-    pub(super) fn clean_len(&self, lineage: u64) -> usize {
+    pub(super) fn known(&self, lineage: u64) -> Known {
         let slot = self.slot(lineage);
         let before = slot.seq.load(Ordering::Acquire);
         if before & 1 == 1 {
-            return 0;
+            return Known::Unknown;
         }
         let found = slot.lineage.load(Ordering::Relaxed);
-        let len = slot.len.load(Ordering::Relaxed);
+        let known = slot.known.load(Ordering::Relaxed);
         fence(Ordering::Acquire);
         if slot.seq.load(Ordering::Relaxed) != before || found != lineage {
-            return 0;
+            return Known::Unknown;
         }
-        len
+        Known::decode(known)
+    }
+
+    /// How many leading messages of `lineage` are known to hold nothing to
+    /// mask (0 when unknown).
+    #[cfg(test)]
+    fn clean_len(&self, lineage: u64) -> usize {
+        self.known(lineage).clean_len()
     }
 
     /// Records that the first `len` messages of `lineage` hold nothing to
     /// mask.
     pub(super) fn record(&self, lineage: u64, len: usize) {
-        if len == 0 || self.clean_len(lineage) >= len {
-            return;
+        match self.known(lineage) {
+            _ if len == 0 => {}
+            Known::Clean(n) if n >= len => {}
+            // The next message holds something: no longer prefix is clean.
+            Known::Dirty(_) => {}
+            _ => self.write(lineage, Known::Clean(len)),
         }
+    }
+
+    /// Records that the first `len` messages of `lineage` hold nothing to
+    /// mask and the next one does.
+    pub(super) fn record_dirty(&self, lineage: u64, len: usize) {
+        if !matches!(self.known(lineage), Known::Dirty(_)) {
+            self.write(lineage, Known::Dirty(len));
+        }
+    }
+
+    fn write(&self, lineage: u64, known: Known) {
         let slot = self.slot(lineage);
         let seq = slot.seq.load(Ordering::Relaxed);
         if seq & 1 == 1
@@ -85,7 +146,7 @@ impl CleanMemo {
         }
         fence(Ordering::Release);
         slot.lineage.store(lineage, Ordering::Relaxed);
-        slot.len.store(len, Ordering::Relaxed);
+        slot.known.store(known.encode(), Ordering::Relaxed);
         slot.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 }
@@ -109,6 +170,20 @@ mod tests {
         assert_eq!(memo.clean_len(7 + SLOTS as u64), 1);
         assert_eq!(memo.clean_len(7), 0);
         assert_eq!(memo.clean_len(8), 0);
+    }
+
+    #[test]
+    fn a_dirty_mark_is_final_for_its_lineage() {
+        let memo = CleanMemo::default();
+        memo.record(9, 2);
+        memo.record_dirty(9, 2);
+        assert_eq!(memo.known(9), Known::Dirty(2));
+        memo.record(9, 4);
+        memo.record_dirty(9, 3);
+        assert_eq!(memo.known(9), Known::Dirty(2));
+        memo.record_dirty(11, 0);
+        assert_eq!(memo.known(11), Known::Dirty(0));
+        assert_eq!(memo.known(12), Known::Unknown);
     }
 
     #[test]

@@ -38,9 +38,12 @@
 //!   tells in O(1). After a middleware edited the history, or copied it, the
 //!   messages before the first one that changed keep their masked form.
 //!   A service also remembers, across runs, the histories its engine found
-//!   clean (by lineage and length): such a history is sent as it is, without
-//!   a look at the run's state, and a run that continues it scans only what
-//!   was added.
+//!   clean (by lineage and length) and the messages it found clean (by a
+//!   hash of their texts, seeded at random per service): such a history is
+//!   sent as it is, without a look at the run's state, a run that continues
+//!   it scans only what was added, and a message seen clean before (a
+//!   system prompt, a copied or edited history's unchanged messages) is not
+//!   scanned again.
 //! * **Restores** the placeholders in the model's answer and in its tool-call
 //!   arguments, so the user and the tools see the real values. A call whose
 //!   history holds nothing to mask, or whose run has handed out no
@@ -196,6 +199,7 @@
 //! assert!(matches!(session.mask("Nothing to see here, 42 times.").unwrap(), Cow::Borrowed(_)));
 //! ```
 
+mod clean;
 mod layer;
 mod memo;
 mod service;

@@ -8,7 +8,8 @@ use std::task::{Context, Poll};
 use serde_json::json;
 use tower::Service;
 
-use super::memo::CleanMemo;
+use super::clean::CleanTexts;
+use super::memo::{CleanMemo, Known};
 use super::stream::Streamed;
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
@@ -35,6 +36,8 @@ struct Core {
     engine: Result<PiiEngine, Arc<str>>,
     /// The histories this engine found clean, across runs.
     clean: CleanMemo,
+    /// The messages this engine found clean, across runs and histories.
+    texts: CleanTexts,
 }
 
 impl fmt::Debug for Core {
@@ -58,6 +61,7 @@ impl<S> MaskPii<S> {
             core: Arc::new(Core {
                 engine,
                 clean: CleanMemo::default(),
+                texts: CleanTexts::default(),
             }),
         }
     }
@@ -96,12 +100,17 @@ impl Sent {
 
 struct RunPiiState {
     session: Arc<PiiSession>,
-    /// The history masked last: its lineage tells an append from an edit,
-    /// and after an edit its messages tell how many are still the same.
-    source: Option<History>,
+    /// The `(lineage, len)` of the history masked last: an append to it
+    /// keeps its masked form. Not the history itself: an append to a
+    /// history held elsewhere copies messages.
+    source: Option<(u64, usize)>,
     /// The masked form of `source`; `None` while masking changed nothing,
     /// so the model gets the run's own history.
     masked: Option<History>,
+    /// The messages of `source` that masking changed, as they were (by
+    /// index): with `masked`, they tell after an edit how many messages
+    /// are still the same.
+    originals: Vec<(usize, Message)>,
     /// How many leading messages of `source` masking left unchanged.
     clean: usize,
 }
@@ -136,25 +145,28 @@ fn mask_run(
     core: &Core,
     engine: &PiiEngine,
     history: &History,
+    known_clean: usize,
 ) -> Result<Masked, PiiBlocked> {
     let shared = ctx.with_state(|state| {
-        state
-            .get_or_insert_with(|| RunPii {
-                last: None,
-                shared: Arc::new(Mutex::new(RunPiiState {
-                    session: Arc::new(engine.session()),
-                    source: None,
-                    masked: None,
-                    clean: 0,
-                })),
-            })
-            .shared
-            .clone()
+        let run = state.get_or_insert_with(|| RunPii {
+            last: None,
+            shared: Arc::new(Mutex::new(RunPiiState {
+                session: Arc::new(engine.session()),
+                source: None,
+                masked: None,
+                originals: Vec::new(),
+                clean: 0,
+            })),
+        });
+        // What the last call sent does not answer this one: let go of it
+        // first, so that the masked history grows in place, not copied.
+        run.last = None;
+        run.shared.clone()
     });
     // The run's lock, then the context's: the other way round nowhere.
     let mut state = shared.lock().unwrap_or_else(PoisonError::into_inner);
-    let known_clean = core.clean.clean_len(history.lineage()).min(history.len());
-    let mut masked = masked_history(&mut state, history, known_clean)?;
+    let known_clean = known_clean.min(history.len());
+    let mut masked = masked_history(&mut state, &core.texts, history, known_clean)?;
     if masked.history.is_none() {
         // Nothing to mask: nothing the model reads is a placeholder.
         core.clean.record(history.lineage(), history.len());
@@ -256,47 +268,72 @@ fn restore_message(session: &PiiSession, message: &mut Message) {
 /// scanning), and the rest is masked again. A message masking leaves
 /// unchanged is not copied; while none changed, no history is built at all.
 ///
-/// `known_clean` leading messages are known to hold nothing to mask.
+/// `known_clean` leading messages are known to hold nothing to mask, and
+/// so is a message `texts` saw clean.
 fn masked_history(
     state: &mut RunPiiState,
+    texts: &CleanTexts,
     history: &History,
     known_clean: usize,
 ) -> Result<Masked, PiiBlocked> {
     let len = history.len();
-    let mut kept = match &state.source {
-        Some(source) if source.lineage() == history.lineage() && source.len() <= len => {
-            source.len()
+    let mut kept = match (state.source, &state.masked) {
+        (Some((lineage, was)), _) if lineage == history.lineage() && was <= len => was,
+        // An edit: the masked history holds the messages masking left
+        // alone as they were, `originals` the others.
+        (Some(_), Some(masked)) => {
+            let mut originals = state.originals.iter().peekable();
+            (0..)
+                .zip(masked.iter().zip(history.iter()))
+                .take_while(|(i, (masked, is))| {
+                    let was = originals
+                        .next_if(|(j, _)| j == i)
+                        .map_or(*masked, |(_, m)| m);
+                    was == *is
+                })
+                .count()
         }
-        Some(source) => source
-            .iter()
-            .zip(history.iter())
-            .take_while(|(was, is)| was == is)
-            .count(),
-        None => 0,
+        // Nothing was masked: there is no masked form to keep (and the
+        // messages seen clean are not scanned again).
+        (Some(_), None) | (None, _) => 0,
     };
-    if state.source.as_ref().is_some_and(|s| s.len() != kept) {
+    if state.source.is_some_and(|(_, was)| was != kept) {
         // Keep the masked form of the first `kept` messages only.
         if kept <= state.clean {
             state.masked = None;
+            state.originals.clear();
             state.clean = kept;
         } else if let Some(masked) = &mut state.masked {
             masked.truncate(kept);
+            state.originals.retain(|(i, _)| *i < kept);
         }
     }
     if known_clean > kept {
         // Masking leaves those messages as they are.
         state.masked = None;
+        state.originals.clear();
         state.clean = known_clean;
         kept = known_clean;
     }
     let mut count = 0;
     if kept < len {
         let mut changed: Vec<(usize, Message)> = Vec::new();
+        // Kept once every message is masked (a blocked one changes nothing).
+        let mut originals = Vec::new();
         for (i, message) in history.iter().enumerate().skip(kept) {
-            if let Some(masked) = mask_message(&state.session, message, &mut count)? {
-                changed.push((i, masked));
+            // A message seen clean before is not scanned again.
+            let Err(unseen) = texts.seen(message) else {
+                continue;
+            };
+            match mask_message(&state.session, message, &mut count)? {
+                Some(masked) => {
+                    changed.push((i, masked));
+                    originals.push((i, message.clone()));
+                }
+                None => unseen.clean(),
             }
         }
+        state.originals.append(&mut originals);
         match changed.first() {
             None if state.masked.is_none() => state.clean = len,
             first => {
@@ -318,7 +355,7 @@ fn masked_history(
             }
         }
     }
-    state.source = Some(history.clone());
+    state.source = Some((history.lineage(), len));
     Ok(Masked {
         history: state.masked.clone(),
         count,
@@ -345,17 +382,53 @@ where
         let history = &call.request.messages;
         // A history this engine found clean: sent as it is, nothing to
         // restore, the run's state not even looked at.
-        let prepared =
-            if core.engine.is_ok() && core.clean.clean_len(history.lineage()) >= history.len() {
+        let prepared = match (&core.engine, core.clean.known(history.lineage())) {
+            (Ok(_), Known::Clean(n) | Known::Dirty(n)) if n >= history.len() => {
                 Ok(Prepared::default())
-            } else {
-                prepare(core, &mut call)
-            };
+            }
+            (Ok(_), Known::Dirty(n)) => prepare(core, &mut call, n),
+            // A history new to the memo, in a run that masked something:
+            // what it masked is known to the run's state.
+            (Ok(_), Known::Unknown) if masks(&call.context) => prepare(core, &mut call, 0),
+            (Ok(engine), known) => check(core, engine, &mut call, known.clean_len()),
+            (Err(_), _) => prepare(core, &mut call, 0),
+        };
         match prepared {
             Ok(Prepared { restore, stream }) => {
                 future::ResponseFuture::new(self.inner.call(call), restore, stream)
             }
             Err(err) => future::ResponseFuture::blocked(err),
+        }
+    }
+}
+
+/// Whether the run of `ctx` has a masking state.
+#[inline]
+fn masks(ctx: &RunContext) -> bool {
+    ctx.with_state(|state| state.get::<RunPii>().is_some())
+}
+
+/// A history the memo knows clean up to `clean` messages: the messages
+/// after those are checked (each one seen clean before costs a hash, the
+/// others a scan). All clean: sent as it is, nothing to restore, the run's
+/// state not looked at. Else masked with the run's state from the first
+/// message that holds something.
+#[inline(never)]
+fn check(
+    core: &Core,
+    engine: &PiiEngine,
+    call: &mut ModelCall,
+    clean: usize,
+) -> Result<Prepared, BoxError> {
+    let history = &call.request.messages;
+    match core.texts.first_dirty(engine, history, clean) {
+        None => {
+            core.clean.record(history.lineage(), history.len());
+            Ok(Prepared::default())
+        }
+        Some(dirty) => {
+            core.clean.record_dirty(history.lineage(), dirty);
+            prepare(core, call, dirty)
         }
     }
 }
@@ -368,20 +441,26 @@ struct Prepared {
     stream: Option<Arc<Streamed>>,
 }
 
-/// Masks `call`'s history (what the run's last call did not cover) and
-/// wraps its stream when there is something to restore. Kept out of
-/// [`MaskPii::call`], so that stays small enough to inline.
+/// Masks `call`'s history (what the run's last call did not cover; the
+/// first `known_clean` messages hold nothing to mask) and wraps its stream
+/// when there is something to restore. Kept out of [`MaskPii::call`], so
+/// that stays small enough to inline.
 #[inline(never)]
-fn prepare(core: &Core, call: &mut ModelCall) -> Result<Prepared, BoxError> {
+fn prepare(core: &Core, call: &mut ModelCall, known_clean: usize) -> Result<Prepared, BoxError> {
     let engine = match &core.engine {
         Ok(engine) => engine,
         Err(message) => return Err(Box::new(AgentError::Config(message.to_string()))),
     };
     let masked = match unchanged(&call.context, &call.request.messages) {
         Some(masked) => masked,
-        None => {
-            mask_run(&call.context, core, engine, &call.request.messages).map_err(blocked_error)?
-        }
+        None => mask_run(
+            &call.context,
+            core,
+            engine,
+            &call.request.messages,
+            known_clean,
+        )
+        .map_err(blocked_error)?,
     };
     let Masked {
         history,
@@ -430,115 +509,8 @@ fn blocked_error(blocked: PiiBlocked) -> BoxError {
     })
 }
 
-/// The future of [`MaskPii`].
-pub mod future {
-    use std::fmt;
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::sync::Arc;
-    use std::task::{Context, Poll};
-
-    use pin_project_lite::pin_project;
-
-    use super::{restore_message, PiiSession, Streamed};
-    use crate::error::BoxError;
-    use crate::types::ModelResponse;
-
-    pin_project! {
-        /// The response future of [`MaskPii`](super::MaskPii): the inner
-        /// call, then the answer's placeholders restored. Two words more
-        /// than the inner future.
-        pub struct ResponseFuture<F> {
-            #[pin]
-            state: State<F>,
-        }
-    }
-
-    pin_project! {
-        #[project = StateProj]
-        enum State<F> {
-            Calling {
-                #[pin]
-                future: F,
-                // The session, when the request held its placeholders.
-                restore: Option<Arc<PiiSession>>,
-                // The restoring of a streamed call, to flush at its end.
-                stream: Option<Arc<Streamed>>,
-            },
-            Blocked {
-                error: Option<BoxError>,
-            },
-        }
-    }
-
-    impl<F> ResponseFuture<F> {
-        #[inline]
-        pub(super) fn new(
-            future: F,
-            restore: Option<Arc<PiiSession>>,
-            stream: Option<Arc<Streamed>>,
-        ) -> Self {
-            Self {
-                state: State::Calling {
-                    future,
-                    restore,
-                    stream,
-                },
-            }
-        }
-
-        pub(super) fn blocked(error: BoxError) -> Self {
-            Self {
-                state: State::Blocked { error: Some(error) },
-            }
-        }
-    }
-
-    impl<F, E> Future for ResponseFuture<F>
-    where
-        F: Future<Output = Result<ModelResponse, E>>,
-        E: Into<BoxError>,
-    {
-        type Output = Result<ModelResponse, BoxError>;
-
-        #[inline]
-        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-            match self.project().state.project() {
-                StateProj::Calling {
-                    future,
-                    restore,
-                    stream,
-                } => {
-                    if restore.is_none() && stream.is_none() {
-                        return future.poll(cx).map_err(Into::into);
-                    }
-                    // Changed in place: the answer is not moved about.
-                    let mut poll = future.poll(cx).map_err(Into::into);
-                    if poll.is_ready() {
-                        if let Some(stream) = stream.take() {
-                            stream.flush();
-                        }
-                        if let (Some(session), Poll::Ready(Ok(response))) = (restore, &mut poll) {
-                            restore_message(session, &mut response.message);
-                        }
-                    }
-                    poll
-                }
-                StateProj::Blocked { error } => {
-                    Poll::Ready(Err(error.take().unwrap_or_else(|| {
-                        "the PII layer's future was polled after it finished".into()
-                    })))
-                }
-            }
-        }
-    }
-
-    impl<F> fmt::Debug for ResponseFuture<F> {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.debug_struct("ResponseFuture").finish_non_exhaustive()
-        }
-    }
-}
+#[path = "service_future.rs"]
+pub mod future;
 
 #[cfg(test)]
 #[path = "service_tests.rs"]

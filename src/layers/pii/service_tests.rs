@@ -132,6 +132,45 @@ async fn an_edit_after_a_masked_message_keeps_its_placeholders() {
 }
 
 #[tokio::test]
+async fn a_run_that_masks_something_skips_the_messages_seen_clean() {
+    let (mut svc, model, scanned) = counting("ok");
+    let ctx = RunContext::new();
+    let mut history = History::from(vec![Message::user("mail ann@example.com")]);
+    send(&mut svc, &ctx, &history).await;
+    take(&scanned);
+    history.push(Message::assistant("noted"));
+    send(&mut svc, &ctx, &history).await;
+    assert_eq!(take(&scanned), ["noted"]);
+
+    // Another run, another address, the same reply: only the address is read.
+    let other = History::from(vec![
+        Message::user("mail bob@example.org"),
+        Message::assistant("noted"),
+    ]);
+    send(&mut svc, &RunContext::new(), &other).await;
+    assert!(take(&scanned).iter().all(|text| text != "noted"));
+    let seen = model.requests();
+    let texts: Vec<String> = seen[2]
+        .messages
+        .iter()
+        .map(|m| m.text().into_owned())
+        .collect();
+    assert_eq!(texts, ["mail <EMAIL_1>", "noted"]);
+
+    // An edit after the masked message: it keeps its masked form, unread.
+    let ctx = RunContext::new();
+    send(&mut svc, &ctx, &other).await;
+    take(&scanned);
+    let mut edited = other.clone();
+    edited.to_mut()[1] = Message::assistant("noted, twice");
+    send(&mut svc, &ctx, &edited).await;
+    assert_eq!(take(&scanned), ["noted, twice"]);
+    let last = model.requests().pop().unwrap();
+    assert_eq!(last.messages[0].text(), "mail <EMAIL_1>");
+    assert_eq!(last.messages[1].text(), "noted, twice");
+}
+
+#[tokio::test]
 async fn a_call_that_masked_nothing_returns_the_answer_untouched() {
     // The session handed out no placeholder: `<EMAIL_1>` is the model's own text.
     let (mut svc, _, _) = counting("write to <EMAIL_1>");
