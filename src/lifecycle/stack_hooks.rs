@@ -533,17 +533,6 @@ impl<'a, A: Send + 'a> Folded<'a, A> {
 }
 
 impl CompiledStack {
-    /// The one middleware that may run at `hook`, if exactly one may.
-    pub(crate) fn sole(&self, hook: HookPoint) -> Option<&Entry> {
-        let mut found = None;
-        for e in self.entries.iter().filter(|e| e.may_override(hook)) {
-            if found.replace(e).is_some() {
-                return None;
-            }
-        }
-        found
-    }
-
     /// One middleware's hook, when it is the only one at `hook`: it may
     /// borrow its arguments for the whole hook point, so an answer it has
     /// at once needs no boxed future.
