@@ -14,6 +14,7 @@ use super::edit_watch::watcher;
 use super::next::innermost_answer;
 use super::placement::AgentLevels;
 use super::stack::CompiledStack;
+use super::stack_hooks::sole_verdict;
 use super::verdict::merge_verdicts;
 use super::HookPoint;
 use crate::context::RunContext;
@@ -28,6 +29,7 @@ use crate::request::{
 use crate::types::{History, Message, ModelName, ModelResponse, ToolCall};
 
 mod levels;
+mod sole;
 mod walk;
 
 pub(crate) use levels::Levels;
@@ -151,7 +153,17 @@ impl HookPort for InstalledHooks {
         ctx: &'a RunContext,
         start: RunStart,
     ) -> HookFuture<'a, Vec<String>> {
-        match (&self.outer, self.stack.has(HookPoint::BeforeAgent)) {
+        let hook = HookPoint::BeforeAgent;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(
+                e,
+                ctx,
+                hook,
+                || e.mw.before_agent(ctx, start),
+                |found| found.flatten().into_iter().collect(),
+            );
+        }
+        match (&self.outer, self.stack.has(hook)) {
             (None, false) => HookFuture::ok(Vec::new()),
             (Some(outer), false) => outer.before_agent(ctx, start),
             (None, true) => self
@@ -181,12 +193,15 @@ impl HookPort for InstalledHooks {
         messages: &'a History,
     ) -> HookFuture<'a, Vec<String>> {
         // The only middleware here: no future boxed for an answer it has at once.
-        if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::BeforeRun)) {
-            return CompiledStack::sole_hook(e, ctx, HookPoint::BeforeRun, || {
-                e.mw.before_run(ctx, input, messages)
-            })
-            .map(|found| found.flatten().into_iter().collect())
-            .into_port(move |e| self.own(ctx, e));
+        let hook = HookPoint::BeforeRun;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(
+                e,
+                ctx,
+                hook,
+                || e.mw.before_run(ctx, input, messages),
+                |found| found.flatten().into_iter().collect(),
+            );
         }
         match (&self.outer, self.stack.has(HookPoint::BeforeRun)) {
             (None, false) => HookFuture::ok(Vec::new()),
@@ -210,13 +225,10 @@ impl HookPort for InstalledHooks {
     ) -> HookFuture<'a, ()> {
         // The only middleware here, and nobody asks who changed the
         // messages: no future boxed for an answer it has at once.
-        if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::BeforeModel)) {
+        let hook = HookPoint::BeforeModel;
+        if let Some(e) = self.sole_here(hook) {
             if watcher(ctx).is_none() {
-                return CompiledStack::sole_hook(e, ctx, HookPoint::BeforeModel, || {
-                    e.mw.before_model(ctx, messages)
-                })
-                .map(|_| ())
-                .into_port(move |e| self.own(ctx, e));
+                return self.sole_port(e, ctx, hook, || e.mw.before_model(ctx, messages), drop);
             }
         }
         match (&self.outer, self.stack.has(HookPoint::BeforeModel)) {
@@ -274,12 +286,9 @@ impl HookPort for InstalledHooks {
         response: &'a mut ModelResponse,
     ) -> HookFuture<'a, ()> {
         // The only middleware here: no future boxed for an answer it has at once.
-        if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::AfterModel)) {
-            return CompiledStack::sole_hook(e, ctx, HookPoint::AfterModel, || {
-                e.mw.after_model(ctx, response)
-            })
-            .map(|_| ())
-            .into_port(move |e| self.own(ctx, e));
+        let hook = HookPoint::AfterModel;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(e, ctx, hook, || e.mw.after_model(ctx, response), drop);
         }
         match (&self.outer, self.stack.has(HookPoint::AfterModel)) {
             (None, false) => HookFuture::ok(()),
@@ -303,7 +312,20 @@ impl HookPort for InstalledHooks {
         call: &'a ToolCall,
         resumed: bool,
     ) -> HookFuture<'a, ToolVerdict> {
-        match (&self.outer, self.stack.has(HookPoint::BeforeTool)) {
+        let hook = HookPoint::BeforeTool;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(
+                e,
+                ctx,
+                hook,
+                || e.mw.before_tool(ctx, call, resumed),
+                move |found| match found {
+                    Some(verdict) => sole_verdict(ctx, call, e, verdict),
+                    None => ToolVerdict::default(),
+                },
+            );
+        }
+        match (&self.outer, self.stack.has(hook)) {
             (None, false) => HookFuture::ok(ToolVerdict::default()),
             (Some(outer), false) => outer.before_tool(ctx, call, resumed),
             (None, true) => self
@@ -395,12 +417,9 @@ impl HookPort for InstalledHooks {
         output: &'a mut ToolOutput,
     ) -> HookFuture<'a, ()> {
         // The only middleware here: no future boxed for an answer it has at once.
-        if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::AfterTool)) {
-            return CompiledStack::sole_hook(e, ctx, HookPoint::AfterTool, || {
-                e.mw.after_tool(ctx, call, output)
-            })
-            .map(|_| ())
-            .into_port(move |e| self.own(ctx, e));
+        let hook = HookPoint::AfterTool;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(e, ctx, hook, || e.mw.after_tool(ctx, call, output), drop);
         }
         match (&self.outer, self.stack.has(HookPoint::AfterTool)) {
             (None, false) => HookFuture::ok(()),
@@ -423,7 +442,11 @@ impl HookPort for InstalledHooks {
         ctx: &'a RunContext,
         results: &'a [ToolCallResult<'a>],
     ) -> HookFuture<'a, ()> {
-        match (&self.outer, self.stack.has(HookPoint::AfterToolBatch)) {
+        let hook = HookPoint::AfterToolBatch;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(e, ctx, hook, || e.mw.after_tool_batch(ctx, results), drop);
+        }
+        match (&self.outer, self.stack.has(hook)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.after_tool_batch(ctx, results),
             (None, true) => self
@@ -449,7 +472,17 @@ impl HookPort for InstalledHooks {
         output: &'a Message,
         continuations: u32,
     ) -> HookFuture<'a, Option<String>> {
-        match (&self.outer, self.stack.has(HookPoint::BeforeStop)) {
+        let hook = HookPoint::BeforeStop;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(
+                e,
+                ctx,
+                hook,
+                || e.mw.before_stop(ctx, output, continuations),
+                Option::flatten,
+            );
+        }
+        match (&self.outer, self.stack.has(hook)) {
             (None, false) => HookFuture::ok(None),
             (Some(outer), false) => outer.before_stop(ctx, output, continuations),
             (None, true) => self
@@ -515,7 +548,11 @@ impl HookPort for InstalledHooks {
     }
 
     fn on_error<'a>(&'a self, ctx: &'a RunContext, error: &'a AgentError) -> HookFuture<'a, ()> {
-        match (&self.outer, self.stack.has(HookPoint::OnError)) {
+        let hook = HookPoint::OnError;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(e, ctx, hook, || e.mw.on_error(ctx, error), drop);
+        }
+        match (&self.outer, self.stack.has(hook)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.on_error(ctx, error),
             (None, true) => self
@@ -537,7 +574,11 @@ impl HookPort for InstalledHooks {
         ctx: &'a RunContext,
         outcome: RunOutcome<'a>,
     ) -> HookFuture<'a, ()> {
-        match (&self.outer, self.stack.has(HookPoint::AfterAgent)) {
+        let hook = HookPoint::AfterAgent;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(e, ctx, hook, || e.mw.after_agent(ctx, outcome), drop);
+        }
+        match (&self.outer, self.stack.has(hook)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.after_agent(ctx, outcome),
             (None, true) => self
