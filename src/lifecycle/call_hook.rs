@@ -166,7 +166,12 @@ fn answered<'h, T>(
         }
         HookKind::Skip => Invoked::Done(Ok(None)),
         HookKind::Ready(result) => {
-            let bracket = Bracket::open(ctx, &entry.name, hook);
+            // Nobody listens to the run's events: none to bracket an
+            // answer that is already there.
+            let bracket = ctx
+                .events()
+                .enabled()
+                .then(|| Bracket::open(ctx, &entry.name, hook));
             Invoked::Done(settle(entry, ctx, hook, bracket, result))
         }
         HookKind::Pending(future) => Invoked::Pending(future),
@@ -189,7 +194,7 @@ pub(crate) async fn finish<T>(
         ctx.race(guarded).await
     };
     match outcome {
-        Ok(Ok(result)) => settle(entry, ctx, hook, bracket, result),
+        Ok(Ok(result)) => settle(entry, ctx, hook, Some(bracket), result),
         Ok(Err(panic)) => {
             bracket.close("panic");
             fail(entry, ctx, hook, panicked(&entry.name, hook, &*panic))
@@ -201,22 +206,28 @@ pub(crate) async fn finish<T>(
     }
 }
 
-/// A hook's answer: attribution, the closing event, the fail policy.
+/// A hook's answer: attribution, the closing event (when it was opened),
+/// the fail policy.
 fn settle<T>(
     entry: &Entry,
     ctx: &RunContext,
     hook: HookPoint,
-    bracket: Bracket<'_>,
+    bracket: Option<Bracket<'_>>,
     result: Result<T, BoxError>,
 ) -> Result<Option<T>, AgentError> {
     ctx.attribute_stop(&entry.name);
+    let close = |outcome| {
+        if let Some(bracket) = bracket {
+            bracket.close(outcome);
+        }
+    };
     match result {
         Ok(value) => {
-            bracket.close("ok");
+            close("ok");
             Ok(Some(value))
         }
         Err(err) => {
-            bracket.close("error");
+            close("error");
             fail(entry, ctx, hook, attribute(err, &entry.name, hook))
         }
     }
