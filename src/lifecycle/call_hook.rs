@@ -165,13 +165,17 @@ fn answered<'h, T>(
             Invoked::Done(Ok(None))
         }
         HookKind::Skip => Invoked::Done(Ok(None)),
-        HookKind::Ready(result) => {
+        HookKind::Ready(result) if !ctx.events().enabled() => {
             // Nobody listens to the run's events: none to bracket an
-            // answer that is already there.
-            let bracket = ctx
-                .events()
-                .enabled()
-                .then(|| Bracket::open(ctx, &entry.name, hook));
+            // answer that is already there, which is settled here.
+            ctx.attribute_stop(&entry.name);
+            Invoked::Done(match result {
+                Ok(value) => Ok(Some(value)),
+                Err(err) => fail(entry, ctx, hook, attribute(err, &entry.name, hook)),
+            })
+        }
+        HookKind::Ready(result) => {
+            let bracket = Bracket::open(ctx, &entry.name, hook);
             Invoked::Done(settle(entry, ctx, hook, bracket, result))
         }
         HookKind::Pending(future) => Invoked::Pending(future),
@@ -194,7 +198,7 @@ pub(crate) async fn finish<T>(
         ctx.race(guarded).await
     };
     match outcome {
-        Ok(Ok(result)) => settle(entry, ctx, hook, Some(bracket), result),
+        Ok(Ok(result)) => settle(entry, ctx, hook, bracket, result),
         Ok(Err(panic)) => {
             bracket.close("panic");
             fail(entry, ctx, hook, panicked(&entry.name, hook, &*panic))
@@ -206,28 +210,22 @@ pub(crate) async fn finish<T>(
     }
 }
 
-/// A hook's answer: attribution, the closing event (when it was opened),
-/// the fail policy.
+/// A hook's answer: attribution, the closing event, the fail policy.
 fn settle<T>(
     entry: &Entry,
     ctx: &RunContext,
     hook: HookPoint,
-    bracket: Option<Bracket<'_>>,
+    bracket: Bracket<'_>,
     result: Result<T, BoxError>,
 ) -> Result<Option<T>, AgentError> {
     ctx.attribute_stop(&entry.name);
-    let close = |outcome| {
-        if let Some(bracket) = bracket {
-            bracket.close(outcome);
-        }
-    };
     match result {
         Ok(value) => {
-            close("ok");
+            bracket.close("ok");
             Ok(Some(value))
         }
         Err(err) => {
-            close("error");
+            bracket.close("error");
             fail(entry, ctx, hook, attribute(err, &entry.name, hook))
         }
     }
