@@ -412,6 +412,10 @@ where
             .then(|| self.failure.error_box())
     }
 
+    fn has_failed(&self) -> bool {
+        self.failure.failed.load(Ordering::Acquire)
+    }
+
     fn register(&self, waker: &Waker) {
         self.failure.waker.register(waker);
     }

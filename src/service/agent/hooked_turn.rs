@@ -116,6 +116,8 @@ impl Future for HookedCall<'_> {
                 };
                 let answer = match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
                     Ok(Poll::Pending) => return Poll::Pending,
+                    // A response goes out as it came.
+                    Ok(Poll::Ready(Ok(response))) => return Poll::Ready(Ok(response)),
                     Ok(Poll::Ready(answer)) => Ok(answer),
                     Err(panic) => Err(panic),
                 };
@@ -242,22 +244,32 @@ impl Future for HookedToolCall<'_> {
         let abort = finish.abort.as_deref();
         let answer = match abort.and_then(CallAbort::failed) {
             Some(err) => ToolAnswer::Failed(err),
-            None => {
-                if let Some(abort) = abort {
-                    abort.register(cx.waker());
-                }
-                match poll_tool(stack, this.router, calling, finish.guarded(), cx) {
-                    Poll::Ready(answer) => answer,
-                    Poll::Pending => match abort.and_then(CallAbort::failed) {
+            None => match poll_tool(stack, this.router, calling, finish.guarded(), cx) {
+                Poll::Ready(answer) => answer,
+                Poll::Pending => {
+                    // Woken when a delta hook fails from now on; one that
+                    // failed before the waker was in is read here. A tool
+                    // that answers at once never registers it.
+                    if let Some(abort) = abort {
+                        abort.register(cx.waker());
+                    }
+                    match abort.and_then(CallAbort::failed) {
                         Some(err) => ToolAnswer::Failed(err),
                         None => return Poll::Pending,
-                    },
+                    }
                 }
-            }
+            },
         };
-        let result = this
-            .hooks
-            .finish_tool(answer, &this.call.name, this.ctx, finish);
+        let result = match answer {
+            // An output, and no delta hook failed: it goes out as it came,
+            // as `finish_tool` would let it.
+            ToolAnswer::Answered(Ok(Ok(output))) if abort.is_none_or(|a| !a.has_failed()) => {
+                Ok(output)
+            }
+            answer => this
+                .hooks
+                .finish_tool(answer, &this.call.name, this.ctx, finish),
+        };
         this.state = ToolState::Done;
         Poll::Ready(result)
     }
