@@ -12,7 +12,6 @@ use tower::ServiceExt;
 use super::call_chain::{model_call_in, tool_call_in, StackModel, StackTool};
 use super::edit_watch::watcher;
 use super::next::innermost_answer;
-use super::placement::AgentLevels;
 use super::stack::CompiledStack;
 use super::stack_hooks::sole_verdict;
 use super::verdict::merge_verdicts;
@@ -28,6 +27,7 @@ use crate::request::{
 };
 use crate::types::{History, Message, ModelName, ModelResponse, ToolCall};
 
+mod hand_over;
 mod levels;
 mod sole;
 mod walk;
@@ -105,47 +105,7 @@ impl HookPort for InstalledHooks {
         ctx: &RunContext,
         to: Option<&AgentMiddleware>,
     ) -> Option<Arc<dyn HookPort>> {
-        let here = ctx.depth();
-        if self.depth != here {
-            // Inherited from the run this one is nested in: those stay, the
-            // new agent's middleware go inside them.
-            let outer: Arc<dyn HookPort> = self;
-            return Some(match to {
-                Some(to) => to.0.frame(ctx, Some(outer)),
-                None => outer,
-            });
-        }
-        let mut levels = self.levels.clone();
-        levels.agent = CompiledStack::empty();
-        levels.agent_builtins = CompiledStack::empty();
-        let outer = match self.outer.as_ref().filter(|o| o.depth() == here) {
-            // An inner frame of this run (a second lifecycle layer, or the
-            // agent's own middleware inside a runtime's layer): the new
-            // agent's middleware go where the outermost frame had the agent's.
-            Some(outer) => outer.clone().hand_over(ctx, to),
-            None => {
-                if let Some(handed) = to.and_then(|to| to.0.levels().downcast_ref::<AgentLevels>())
-                {
-                    let (agent, builtins) = handed.handed(ctx);
-                    levels.agent = agent;
-                    levels.agent_builtins = builtins;
-                }
-                self.outer.clone()
-            }
-        };
-        let empty = [
-            &levels.runtime,
-            &levels.agent,
-            &levels.run,
-            &levels.builtins,
-            &levels.agent_builtins,
-        ]
-        .iter()
-        .all(|s| s.is_empty());
-        if empty {
-            return outer;
-        }
-        Some(Arc::new(InstalledHooks::inside(ctx, outer, levels)))
+        self.hand_over_here(ctx, to)
     }
 
     fn before_agent<'a>(

@@ -334,3 +334,47 @@ impl fmt::Debug for CompiledStack {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Overrides nothing.
+    struct Nothing;
+
+    impl Middleware for Nothing {
+        fn name(&self) -> &str {
+            "nothing"
+        }
+    }
+
+    #[test]
+    fn the_masks_follow_what_the_middleware_are_seen_to_leave_alone() {
+        let hook = HookPoint::BeforeModel;
+        let stack = MiddlewareStack::new().push(Nothing).push(Nothing).compile();
+        assert!(stack.has(hook));
+        assert!(stack.sole(hook).is_none(), "two may run");
+
+        stack.entries[0].learn_absent(hook);
+        assert!(stack.has(hook));
+        let sole = stack.sole(hook).expect("one may run");
+        assert!(Arc::ptr_eq(sole, &stack.entries[1]));
+
+        // Another stack of the same middleware learns it too.
+        let composed = CompiledStack::compose(&[&stack, &stack]);
+        stack.entries[1].learn_absent(hook);
+        assert!(!stack.has(hook));
+        assert!(stack.sole(hook).is_none());
+        assert!(!composed.has(hook));
+        assert!(composed.has(HookPoint::AfterModel));
+
+        assert!(!stack.inert());
+        for e in stack.entries.iter() {
+            for hook in HookPoint::ALL {
+                e.learn_absent(hook);
+            }
+        }
+        assert!(stack.inert());
+        assert!(composed.inert());
+    }
+}
