@@ -272,6 +272,8 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     /// What the answer of the model called for a guarded
     /// [`ModelWalk::Service`] becomes (`answer` caught its panic): what the
     /// future [`wrap_model`](Self::wrap_model) makes would have answered.
+    /// A response goes out as it came: the caller asks only about a failure
+    /// or a panic.
     fn model_answer(
         &self,
         answer: std::thread::Result<Result<ModelResponse, BoxError>>,

@@ -84,8 +84,11 @@ pub(crate) enum ToolAnswer {
 /// The first error of a call's delta hooks, shared with the sink they run
 /// on.
 pub(crate) trait CallAbort: Send + Sync {
-    /// The error, once a delta hook failed.
+    /// The error, once a delta hook failed (taken: the call's own answer
+    /// gives way to it).
     fn failed(&self) -> Option<BoxError>;
+    /// Whether a delta hook failed, its error left in place.
+    fn has_failed(&self) -> bool;
     /// Wakes `waker`'s task when a delta hook fails.
     fn register(&self, waker: &Waker);
     /// The error a delta hook failed with, taken (the call's own answer

@@ -45,6 +45,11 @@ impl DeltaFailure {
     }
 
     fn take(&self) -> Option<AgentError> {
+        // The flag goes up only once the error is in: a call whose delta
+        // hooks never failed (nearly every one) takes no lock to learn it.
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
         self.error
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -405,6 +410,10 @@ where
             .failed
             .load(Ordering::Acquire)
             .then(|| self.failure.error_box())
+    }
+
+    fn has_failed(&self) -> bool {
+        self.failure.failed.load(Ordering::Acquire)
     }
 
     fn register(&self, waker: &Waker) {

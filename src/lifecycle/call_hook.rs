@@ -165,6 +165,15 @@ fn answered<'h, T>(
             Invoked::Done(Ok(None))
         }
         HookKind::Skip => Invoked::Done(Ok(None)),
+        HookKind::Ready(result) if !ctx.events().enabled() => {
+            // Nobody listens to the run's events: none to bracket an
+            // answer that is already there, which is settled here.
+            ctx.attribute_stop(&entry.name);
+            Invoked::Done(match result {
+                Ok(value) => Ok(Some(value)),
+                Err(err) => fail(entry, ctx, hook, attribute(err, &entry.name, hook)),
+            })
+        }
         HookKind::Ready(result) => {
             let bracket = Bracket::open(ctx, &entry.name, hook);
             Invoked::Done(settle(entry, ctx, hook, bracket, result))

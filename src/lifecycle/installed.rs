@@ -12,8 +12,8 @@ use tower::ServiceExt;
 use super::call_chain::{model_call_in, tool_call_in, StackModel, StackTool};
 use super::edit_watch::watcher;
 use super::next::innermost_answer;
-use super::placement::AgentLevels;
 use super::stack::CompiledStack;
+use super::stack_hooks::sole_verdict;
 use super::verdict::merge_verdicts;
 use super::HookPoint;
 use crate::context::RunContext;
@@ -27,7 +27,9 @@ use crate::request::{
 };
 use crate::types::{History, Message, ModelName, ModelResponse, ToolCall};
 
+mod hand_over;
 mod levels;
+mod sole;
 mod walk;
 
 pub(crate) use levels::Levels;
@@ -103,47 +105,7 @@ impl HookPort for InstalledHooks {
         ctx: &RunContext,
         to: Option<&AgentMiddleware>,
     ) -> Option<Arc<dyn HookPort>> {
-        let here = ctx.depth();
-        if self.depth != here {
-            // Inherited from the run this one is nested in: those stay, the
-            // new agent's middleware go inside them.
-            let outer: Arc<dyn HookPort> = self;
-            return Some(match to {
-                Some(to) => to.0.frame(ctx, Some(outer)),
-                None => outer,
-            });
-        }
-        let mut levels = self.levels.clone();
-        levels.agent = CompiledStack::empty();
-        levels.agent_builtins = CompiledStack::empty();
-        let outer = match self.outer.as_ref().filter(|o| o.depth() == here) {
-            // An inner frame of this run (a second lifecycle layer, or the
-            // agent's own middleware inside a runtime's layer): the new
-            // agent's middleware go where the outermost frame had the agent's.
-            Some(outer) => outer.clone().hand_over(ctx, to),
-            None => {
-                if let Some(handed) = to.and_then(|to| to.0.levels().downcast_ref::<AgentLevels>())
-                {
-                    let (agent, builtins) = handed.handed(ctx);
-                    levels.agent = agent;
-                    levels.agent_builtins = builtins;
-                }
-                self.outer.clone()
-            }
-        };
-        let empty = [
-            &levels.runtime,
-            &levels.agent,
-            &levels.run,
-            &levels.builtins,
-            &levels.agent_builtins,
-        ]
-        .iter()
-        .all(|s| s.is_empty());
-        if empty {
-            return outer;
-        }
-        Some(Arc::new(InstalledHooks::inside(ctx, outer, levels)))
+        self.hand_over_here(ctx, to)
     }
 
     fn before_agent<'a>(
@@ -151,7 +113,17 @@ impl HookPort for InstalledHooks {
         ctx: &'a RunContext,
         start: RunStart,
     ) -> HookFuture<'a, Vec<String>> {
-        match (&self.outer, self.stack.has(HookPoint::BeforeAgent)) {
+        let hook = HookPoint::BeforeAgent;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(
+                e,
+                ctx,
+                hook,
+                || e.mw.before_agent(ctx, start),
+                |found| found.flatten().into_iter().collect(),
+            );
+        }
+        match (&self.outer, self.stack.has(hook)) {
             (None, false) => HookFuture::ok(Vec::new()),
             (Some(outer), false) => outer.before_agent(ctx, start),
             (None, true) => self
@@ -181,12 +153,15 @@ impl HookPort for InstalledHooks {
         messages: &'a History,
     ) -> HookFuture<'a, Vec<String>> {
         // The only middleware here: no future boxed for an answer it has at once.
-        if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::BeforeRun)) {
-            return CompiledStack::sole_hook(e, ctx, HookPoint::BeforeRun, || {
-                e.mw.before_run(ctx, input, messages)
-            })
-            .map(|found| found.flatten().into_iter().collect())
-            .into_port(move |e| self.own(ctx, e));
+        let hook = HookPoint::BeforeRun;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(
+                e,
+                ctx,
+                hook,
+                || e.mw.before_run(ctx, input, messages),
+                |found| found.flatten().into_iter().collect(),
+            );
         }
         match (&self.outer, self.stack.has(HookPoint::BeforeRun)) {
             (None, false) => HookFuture::ok(Vec::new()),
@@ -210,13 +185,10 @@ impl HookPort for InstalledHooks {
     ) -> HookFuture<'a, ()> {
         // The only middleware here, and nobody asks who changed the
         // messages: no future boxed for an answer it has at once.
-        if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::BeforeModel)) {
+        let hook = HookPoint::BeforeModel;
+        if let Some(e) = self.sole_here(hook) {
             if watcher(ctx).is_none() {
-                return CompiledStack::sole_hook(e, ctx, HookPoint::BeforeModel, || {
-                    e.mw.before_model(ctx, messages)
-                })
-                .map(|_| ())
-                .into_port(move |e| self.own(ctx, e));
+                return self.sole_port(e, ctx, hook, || e.mw.before_model(ctx, messages), drop);
             }
         }
         match (&self.outer, self.stack.has(HookPoint::BeforeModel)) {
@@ -274,12 +246,9 @@ impl HookPort for InstalledHooks {
         response: &'a mut ModelResponse,
     ) -> HookFuture<'a, ()> {
         // The only middleware here: no future boxed for an answer it has at once.
-        if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::AfterModel)) {
-            return CompiledStack::sole_hook(e, ctx, HookPoint::AfterModel, || {
-                e.mw.after_model(ctx, response)
-            })
-            .map(|_| ())
-            .into_port(move |e| self.own(ctx, e));
+        let hook = HookPoint::AfterModel;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(e, ctx, hook, || e.mw.after_model(ctx, response), drop);
         }
         match (&self.outer, self.stack.has(HookPoint::AfterModel)) {
             (None, false) => HookFuture::ok(()),
@@ -303,7 +272,20 @@ impl HookPort for InstalledHooks {
         call: &'a ToolCall,
         resumed: bool,
     ) -> HookFuture<'a, ToolVerdict> {
-        match (&self.outer, self.stack.has(HookPoint::BeforeTool)) {
+        let hook = HookPoint::BeforeTool;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(
+                e,
+                ctx,
+                hook,
+                || e.mw.before_tool(ctx, call, resumed),
+                move |found| match found {
+                    Some(verdict) => sole_verdict(ctx, call, e, verdict),
+                    None => ToolVerdict::default(),
+                },
+            );
+        }
+        match (&self.outer, self.stack.has(hook)) {
             (None, false) => HookFuture::ok(ToolVerdict::default()),
             (Some(outer), false) => outer.before_tool(ctx, call, resumed),
             (None, true) => self
@@ -395,12 +377,9 @@ impl HookPort for InstalledHooks {
         output: &'a mut ToolOutput,
     ) -> HookFuture<'a, ()> {
         // The only middleware here: no future boxed for an answer it has at once.
-        if let (None, Some(e)) = (&self.outer, self.stack.sole(HookPoint::AfterTool)) {
-            return CompiledStack::sole_hook(e, ctx, HookPoint::AfterTool, || {
-                e.mw.after_tool(ctx, call, output)
-            })
-            .map(|_| ())
-            .into_port(move |e| self.own(ctx, e));
+        let hook = HookPoint::AfterTool;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(e, ctx, hook, || e.mw.after_tool(ctx, call, output), drop);
         }
         match (&self.outer, self.stack.has(HookPoint::AfterTool)) {
             (None, false) => HookFuture::ok(()),
@@ -423,7 +402,11 @@ impl HookPort for InstalledHooks {
         ctx: &'a RunContext,
         results: &'a [ToolCallResult<'a>],
     ) -> HookFuture<'a, ()> {
-        match (&self.outer, self.stack.has(HookPoint::AfterToolBatch)) {
+        let hook = HookPoint::AfterToolBatch;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(e, ctx, hook, || e.mw.after_tool_batch(ctx, results), drop);
+        }
+        match (&self.outer, self.stack.has(hook)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.after_tool_batch(ctx, results),
             (None, true) => self
@@ -449,7 +432,17 @@ impl HookPort for InstalledHooks {
         output: &'a Message,
         continuations: u32,
     ) -> HookFuture<'a, Option<String>> {
-        match (&self.outer, self.stack.has(HookPoint::BeforeStop)) {
+        let hook = HookPoint::BeforeStop;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(
+                e,
+                ctx,
+                hook,
+                || e.mw.before_stop(ctx, output, continuations),
+                Option::flatten,
+            );
+        }
+        match (&self.outer, self.stack.has(hook)) {
             (None, false) => HookFuture::ok(None),
             (Some(outer), false) => outer.before_stop(ctx, output, continuations),
             (None, true) => self
@@ -515,7 +508,11 @@ impl HookPort for InstalledHooks {
     }
 
     fn on_error<'a>(&'a self, ctx: &'a RunContext, error: &'a AgentError) -> HookFuture<'a, ()> {
-        match (&self.outer, self.stack.has(HookPoint::OnError)) {
+        let hook = HookPoint::OnError;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(e, ctx, hook, || e.mw.on_error(ctx, error), drop);
+        }
+        match (&self.outer, self.stack.has(hook)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.on_error(ctx, error),
             (None, true) => self
@@ -537,7 +534,11 @@ impl HookPort for InstalledHooks {
         ctx: &'a RunContext,
         outcome: RunOutcome<'a>,
     ) -> HookFuture<'a, ()> {
-        match (&self.outer, self.stack.has(HookPoint::AfterAgent)) {
+        let hook = HookPoint::AfterAgent;
+        if let Some(e) = self.sole_here(hook) {
+            return self.sole_port(e, ctx, hook, || e.mw.after_agent(ctx, outcome), drop);
+        }
+        match (&self.outer, self.stack.has(hook)) {
             (None, false) => HookFuture::ok(()),
             (Some(outer), false) => outer.after_agent(ctx, outcome),
             (None, true) => self

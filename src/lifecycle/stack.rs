@@ -2,7 +2,7 @@
 //! form a run uses, which learns which hooks each middleware overrides.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::wrap::{ModelOnly, ToolOnly};
@@ -147,28 +147,55 @@ impl Registered {
         self.absent.load(Ordering::Relaxed) & hook.bit() == 0
     }
 
-    /// Whether the middleware was seen answering "not overridden" at every
-    /// hook point and holds no stream: it can never do anything in a run.
-    #[inline]
-    fn inert(&self) -> bool {
-        !self.holds_stream && self.absent.load(Ordering::Relaxed) == ALL_HOOKS
-    }
-
     /// Records that the middleware does not override `hook`.
     #[inline]
     pub(crate) fn learn_absent(&self, hook: HookPoint) {
-        self.absent.fetch_or(hook.bit(), Ordering::Relaxed);
+        if self.absent.fetch_or(hook.bit(), Ordering::Relaxed) & hook.bit() == 0 {
+            // The stacks' masks are stale now: each reads them again once.
+            LEARNED.fetch_add(1, Ordering::Release);
+        }
     }
 }
 
 /// Every hook point's bit.
 const ALL_HOOKS: u32 = (1 << HookPoint::COUNT) - 1;
 
+/// How many times a middleware was first seen not overriding a hook point,
+/// in the process: while it stands still, a stack's masks are exact.
+static LEARNED: AtomicU32 = AtomicU32::new(0);
+
+/// Where the parts of a stack's [`Masks`] sit in one `u64`: the hook
+/// points any middleware may override, those two or more may, and the
+/// low bits of [`LEARNED`] they were read at.
+const MASK_BITS: u32 = 20;
+const MASK: u64 = (1 << MASK_BITS) - 1;
+const GEN_SHIFT: u32 = 2 * MASK_BITS;
+const GEN_MASK: u32 = (1 << (64 - GEN_SHIFT)) - 1;
+const _: () = assert!(HookPoint::COUNT <= MASK_BITS as usize);
+
+/// What the middleware of a stack may still override, as of a count of
+/// [`LEARNED`]. Read again when the count moved; a stale copy only ever
+/// holds more than the truth (learning takes bits away), so a hook point it
+/// still names is called and answers "not overridden" once more, never the
+/// other way round.
+struct Masks(AtomicU64);
+
+impl Masks {
+    /// Nothing known yet: every hook point may run.
+    fn unknown() -> Self {
+        Masks(AtomicU64::new(u64::MAX))
+    }
+}
+
 /// A compiled stack: what one run (or one placement level) uses.
 pub(crate) struct CompiledStack {
     /// In registration order; wrap chains walk it from the start.
     pub(crate) entries: Arc<[Entry]>,
     pub(crate) holds_stream: bool,
+    /// The hook points where the middleware may run, derived once for the
+    /// stack (again only after one of them learned something): a hook point
+    /// no middleware overrides costs a bit test, however many there are.
+    masks: Masks,
 }
 
 impl CompiledStack {
@@ -177,7 +204,44 @@ impl CompiledStack {
         CompiledStack {
             entries: entries.into(),
             holds_stream,
+            masks: Masks::unknown(),
         }
+    }
+
+    /// The hook points any middleware here may override, and those two or
+    /// more may: exact while nothing was learned since they were read.
+    #[inline]
+    fn masks(&self) -> (u32, u32) {
+        let gen = LEARNED.load(Ordering::Acquire) & GEN_MASK;
+        let cached = self.masks.0.load(Ordering::Relaxed);
+        if (cached >> GEN_SHIFT) as u32 == gen {
+            return (
+                (cached & MASK) as u32,
+                ((cached >> MASK_BITS) & MASK) as u32,
+            );
+        }
+        self.read_masks(gen)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn read_masks(&self, gen: u32) -> (u32, u32) {
+        let (mut any, mut several) = (0, 0);
+        for e in self.entries.iter() {
+            let may = !e.absent.load(Ordering::Relaxed) & ALL_HOOKS;
+            several |= any & may;
+            any |= may;
+        }
+        let packed =
+            (u64::from(gen) << GEN_SHIFT) | (u64::from(several) << MASK_BITS) | u64::from(any);
+        self.masks.0.store(packed, Ordering::Relaxed);
+        (any, several)
+    }
+
+    /// The hook points any middleware here may override.
+    #[inline]
+    fn may(&self) -> u32 {
+        self.masks().0
     }
 
     /// The empty stack, built once and shared.
@@ -210,7 +274,7 @@ impl CompiledStack {
     /// Whether no middleware here can ever do anything: none at all, or
     /// each seen leaving every hook point alone.
     pub(crate) fn inert(&self) -> bool {
-        self.entries.iter().all(|e| e.inert())
+        !self.holds_stream && self.may() == 0
     }
 
     /// Whether any middleware may run at `hook`. Exact once each has met
@@ -218,14 +282,28 @@ impl CompiledStack {
     /// once, then never counts again.
     #[inline]
     pub(crate) fn has(&self, hook: HookPoint) -> bool {
-        self.entries.iter().any(|e| e.may_override(hook))
+        self.may() & hook.bit() != 0
+    }
+
+    /// The one middleware that may run at `hook`, if exactly one may.
+    #[inline]
+    pub(crate) fn sole(&self, hook: HookPoint) -> Option<&Entry> {
+        let (any, several) = self.masks();
+        if (any & !several) & hook.bit() == 0 {
+            return None;
+        }
+        self.entries.iter().find(|e| e.may_override(hook))
     }
 
     /// The middleware that may run at `hook`, in the order to call them
     /// (reversed for the hooks that see what comes back).
     #[inline]
     pub(crate) fn at(&self, hook: HookPoint) -> impl Iterator<Item = &Entry> {
-        let n = self.entries.len();
+        let n = if self.has(hook) {
+            self.entries.len()
+        } else {
+            0
+        };
         let reversed = hook.is_reversed();
         (0..n)
             .map(move |i| &self.entries[if reversed { n - 1 - i } else { i }])
@@ -235,17 +313,17 @@ impl CompiledStack {
     /// Whether a model call needs this stack: wrap hooks, or delta hooks
     /// when the call `streams`.
     pub(crate) fn wraps_model(&self, streams: bool) -> bool {
-        self.entries.iter().any(|e| {
-            e.may_override(HookPoint::WrapModel)
-                || (streams && e.may_override(HookPoint::OnModelDelta))
-        })
+        let delta = if streams {
+            HookPoint::OnModelDelta.bit()
+        } else {
+            0
+        };
+        self.may() & (HookPoint::WrapModel.bit() | delta) != 0
     }
 
     /// Whether the tool call needs this stack.
     pub(crate) fn wraps_tool(&self) -> bool {
-        self.entries
-            .iter()
-            .any(|e| e.may_override(HookPoint::WrapTool) || e.may_override(HookPoint::OnToolDelta))
+        self.may() & (HookPoint::WrapTool.bit() | HookPoint::OnToolDelta.bit()) != 0
     }
 }
 
@@ -254,5 +332,49 @@ impl fmt::Debug for CompiledStack {
         f.debug_list()
             .entries(self.entries.iter().map(|e| &*e.name))
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Overrides nothing.
+    struct Nothing;
+
+    impl Middleware for Nothing {
+        fn name(&self) -> &str {
+            "nothing"
+        }
+    }
+
+    #[test]
+    fn the_masks_follow_what_the_middleware_are_seen_to_leave_alone() {
+        let hook = HookPoint::BeforeModel;
+        let stack = MiddlewareStack::new().push(Nothing).push(Nothing).compile();
+        assert!(stack.has(hook));
+        assert!(stack.sole(hook).is_none(), "two may run");
+
+        stack.entries[0].learn_absent(hook);
+        assert!(stack.has(hook));
+        let sole = stack.sole(hook).expect("one may run");
+        assert!(Arc::ptr_eq(sole, &stack.entries[1]));
+
+        // Another stack of the same middleware learns it too.
+        let composed = CompiledStack::compose(&[&stack, &stack]);
+        stack.entries[1].learn_absent(hook);
+        assert!(!stack.has(hook));
+        assert!(stack.sole(hook).is_none());
+        assert!(!composed.has(hook));
+        assert!(composed.has(HookPoint::AfterModel));
+
+        assert!(!stack.inert());
+        for e in stack.entries.iter() {
+            for hook in HookPoint::ALL {
+                e.learn_absent(hook);
+            }
+        }
+        assert!(stack.inert());
+        assert!(composed.inert());
     }
 }

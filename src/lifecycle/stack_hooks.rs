@@ -153,7 +153,7 @@ impl CompiledStack {
                 }
             };
             let mut current = Cow::Borrowed(call);
-            merged = take_verdict(ctx, call, e, &mut current, merged, verdict);
+            merged = take_verdict(ctx, call, e, Some(&mut current), merged, verdict);
             if let Cow::Owned(_) = current {
                 // The ones after see the rewrite, which lives in the future.
                 return Folded::Later(Box::pin(self.before_tool_from(
@@ -199,7 +199,7 @@ impl CompiledStack {
             let Some(verdict) = found? else {
                 continue;
             };
-            merged = take_verdict(ctx, call, e, &mut current, merged, verdict);
+            merged = take_verdict(ctx, call, e, Some(&mut current), merged, verdict);
         }
         Ok(merged)
     }
@@ -522,52 +522,26 @@ impl<A> Future for Folded<'_, A> {
     }
 }
 
-impl<'a, A: Send + 'a> Folded<'a, A> {
-    /// The value `f` makes of this one.
-    pub(crate) fn map<B: Send + 'a>(self, f: impl FnOnce(A) -> B + Send + 'a) -> Folded<'a, B> {
-        match self {
-            Folded::Now(result) => Folded::Now(result.map(|r| r.map(f))),
-            Folded::Later(future) => Folded::Later(Box::pin(async move { future.await.map(f) })),
-        }
-    }
-}
-
-impl CompiledStack {
-    /// The one middleware that may run at `hook`, if exactly one may.
-    pub(crate) fn sole(&self, hook: HookPoint) -> Option<&Entry> {
-        let mut found = None;
-        for e in self.entries.iter().filter(|e| e.may_override(hook)) {
-            if found.replace(e).is_some() {
-                return None;
-            }
-        }
-        found
-    }
-
-    /// One middleware's hook, when it is the only one at `hook`: it may
-    /// borrow its arguments for the whole hook point, so an answer it has
-    /// at once needs no boxed future.
-    pub(crate) fn sole_hook<'a, T: Send + 'a>(
-        e: &'a Entry,
-        ctx: &'a RunContext,
-        hook: HookPoint,
-        make: impl FnOnce() -> Hook<'a, T>,
-    ) -> Folded<'a, Option<T>> {
-        match invoke_now(e, ctx, hook, make) {
-            Invoked::Done(found) => Folded::now(found),
-            Invoked::Pending(future) => Folded::Later(Box::pin(finish(e, ctx, hook, future))),
-        }
-    }
+/// The verdict of `e`, the only middleware at `before_tool`: named after it
+/// where it decides, and logged.
+pub(crate) fn sole_verdict(
+    ctx: &RunContext,
+    call: &ToolCall,
+    e: &Entry,
+    verdict: ToolVerdict,
+) -> ToolVerdict {
+    take_verdict(ctx, call, e, None, ToolVerdict::default(), verdict)
 }
 
 /// Merges the verdict `e` answered at `before_tool` into `merged`: named
 /// after `e` where it decides, logged, and its rewrite applied to
-/// `current` (the call the middleware after it are asked with).
+/// `current` (the call the middleware after it are asked with), if any
+/// come after it.
 fn take_verdict(
     ctx: &RunContext,
     call: &ToolCall,
     e: &Entry,
-    current: &mut Cow<'_, ToolCall>,
+    current: Option<&mut Cow<'_, ToolCall>>,
     merged: ToolVerdict,
     mut verdict: ToolVerdict,
 ) -> ToolVerdict {
@@ -586,7 +560,9 @@ fn take_verdict(
         "before_tool verdict"
     );
     if let Some(arguments) = &verdict.updated_arguments {
-        current.to_mut().arguments = arguments.to_string();
+        if let Some(current) = current {
+            current.to_mut().arguments = arguments.to_string();
+        }
         ctx.emit(|| AgentEvent::ToolDecision {
             run_id: ctx.run_id().clone(),
             call_id: call.id.clone(),

@@ -116,6 +116,8 @@ impl Future for HookedCall<'_> {
                 };
                 let answer = match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
                     Ok(Poll::Pending) => return Poll::Pending,
+                    // A response goes out as it came.
+                    Ok(Poll::Ready(Ok(response))) => return Poll::Ready(Ok(response)),
                     Ok(Poll::Ready(answer)) => Ok(answer),
                     Err(panic) => Err(panic),
                 };
@@ -202,13 +204,29 @@ impl Future for HookedToolCall<'_> {
                     service,
                     invocation,
                     finish,
-                } => ToolState::Tool {
+                } => {
                     // What every wrap hook handed on is the agent's own tool
                     // stack: the router itself, when nothing wraps it.
-                    stack: this.router.is_none().then_some(service),
-                    calling: Calling::Waiting(invocation),
-                    finish,
-                },
+                    let mut stack = this.router.is_none().then_some(service);
+                    // Called at once if it is ready, as a call without
+                    // hooks is: the invocation goes from the walk to the
+                    // tool without being parked on the way.
+                    let calling = match call_now(&mut stack, this.router, invocation, cx) {
+                        Ok(calling) => calling,
+                        Err(err) => {
+                            let answer = ToolAnswer::Failed(err);
+                            let name = &this.call.name;
+                            return Poll::Ready(
+                                this.hooks.finish_tool(answer, name, this.ctx, &finish),
+                            );
+                        }
+                    };
+                    ToolState::Tool {
+                        stack,
+                        calling,
+                        finish,
+                    }
+                }
                 ToolWalk::Future(future) => ToolState::Hooked(future),
             };
         }
@@ -226,24 +244,61 @@ impl Future for HookedToolCall<'_> {
         let abort = finish.abort.as_deref();
         let answer = match abort.and_then(CallAbort::failed) {
             Some(err) => ToolAnswer::Failed(err),
-            None => {
-                if let Some(abort) = abort {
-                    abort.register(cx.waker());
-                }
-                match poll_tool(stack, this.router, calling, finish.guarded(), cx) {
-                    Poll::Ready(answer) => answer,
-                    Poll::Pending => match abort.and_then(CallAbort::failed) {
+            None => match poll_tool(stack, this.router, calling, finish.guarded(), cx) {
+                Poll::Ready(answer) => answer,
+                Poll::Pending => {
+                    // Woken when a delta hook fails from now on; one that
+                    // failed before the waker was in is read here. A tool
+                    // that answers at once never registers it.
+                    if let Some(abort) = abort {
+                        abort.register(cx.waker());
+                    }
+                    match abort.and_then(CallAbort::failed) {
                         Some(err) => ToolAnswer::Failed(err),
                         None => return Poll::Pending,
-                    },
+                    }
                 }
-            }
+            },
         };
-        let result = this
-            .hooks
-            .finish_tool(answer, &this.call.name, this.ctx, finish);
+        let result = match answer {
+            // An output, and no delta hook failed: it goes out as it came,
+            // as `finish_tool` would let it.
+            ToolAnswer::Answered(Ok(Ok(output))) if abort.is_none_or(|a| !a.has_failed()) => {
+                Ok(output)
+            }
+            answer => this
+                .hooks
+                .finish_tool(answer, &this.call.name, this.ctx, finish),
+        };
         this.state = ToolState::Done;
         Poll::Ready(result)
+    }
+}
+
+/// The call of the tool stack (`stack`, or a clone of `router`) with
+/// `invocation` when it is ready at once; the invocation waiting for it
+/// otherwise.
+fn call_now(
+    stack: &mut Option<BoxTool>,
+    router: Option<&ToolRouter>,
+    invocation: ToolInvocation,
+    cx: &mut Context<'_>,
+) -> Result<Calling, BoxError> {
+    match (stack.as_mut(), router) {
+        (Some(tools), _) => match tools.poll_ready(cx) {
+            Poll::Ready(Ok(())) => Ok(Calling::Called(tools.call(invocation))),
+            Poll::Ready(Err(err)) => Err(err),
+            Poll::Pending => Ok(Calling::Waiting(invocation)),
+        },
+        (None, Some(router)) => {
+            let mut router = router.clone();
+            match router.poll_ready(cx) {
+                Poll::Ready(Ok(())) => Ok(Calling::Routed(router.call(invocation))),
+                Poll::Ready(Err(err)) => Err(err),
+                Poll::Pending => Ok(Calling::Waiting(invocation)),
+            }
+        }
+        (None, None) => unreachable!("the router stands for the tool stack only when set"),
     }
 }
 
