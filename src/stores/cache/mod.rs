@@ -4,8 +4,10 @@
 //! re-exports all three.
 
 mod key;
+mod memory;
 mod store;
 
 pub use key::CacheKey;
 pub(crate) use key::Keyer;
-pub use store::{CacheStore, MemoryStore};
+pub use memory::MemoryStore;
+pub use store::CacheStore;
