@@ -1,15 +1,15 @@
 //! The in-memory [`CacheStore`]: [`MemoryStore`], sharded maps with CLOCK
 //! eviction.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use hashbrown::HashTable;
 use tokio::time::Instant;
 
+use super::reuse::Fill;
 use super::{CacheKey, CacheStore};
 use crate::error::BoxError;
 use crate::types::ModelResponse;
@@ -71,9 +71,11 @@ struct Slot {
 ///
 /// An insert into a full shard reuses the slot it evicts, in place: the
 /// hand moves through the ring in order, so the memory it touches is the
-/// next slot along, not one scattered anywhere.
+/// next slot along, not one scattered anywhere. The index holds slot
+/// numbers only (4 bytes each, so a shard's index stays in cache); a key is
+/// compared with the key in its slot.
 struct Shard {
-    index: HashMap<CacheKey, u32, BuildHasherDefault<KeyHasher>>,
+    index: HashTable<u32>,
     /// Filled up to `capacity`; `None` where an expired entry was removed.
     slots: Vec<Option<Slot>>,
     /// The emptied slots (every `None` of `slots`), used before any is
@@ -84,10 +86,28 @@ struct Shard {
     capacity: usize,
 }
 
+/// A [`CacheKey`] is a uniform hash already: its low 64 bits are the
+/// index's hash as they come.
+#[inline]
+fn hash(key: &CacheKey) -> u64 {
+    let bytes = key.as_bytes();
+    u64::from_le_bytes([
+        bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+    ])
+}
+
+/// The hash of the key in slot `at`, which is full.
+#[inline]
+fn hash_of(slots: &[Option<Slot>], at: u32) -> u64 {
+    slots[at as usize]
+        .as_ref()
+        .map_or(0, |slot| hash(&slot.key))
+}
+
 impl Shard {
     fn new(capacity: usize) -> Self {
         Self {
-            index: HashMap::default(),
+            index: HashTable::new(),
             slots: Vec::new(),
             free: Vec::new(),
             hand: 0,
@@ -96,16 +116,24 @@ impl Shard {
         }
     }
 
+    /// The number of the slot holding `key`.
+    #[inline]
+    fn find(&self, key: CacheKey) -> Option<u32> {
+        let slots = &self.slots;
+        let holds = |&at: &u32| slots[at as usize].as_ref().is_some_and(|s| s.key == key);
+        self.index.find(hash(&key), holds).copied()
+    }
+
     /// The response under `key` if it has not expired; an expired one is
     /// removed.
     #[inline]
     fn get(&mut self, key: CacheKey) -> Option<ModelResponse> {
-        let at = *self.index.get(&key)?;
+        let at = self.find(key)?;
         let held = &mut self.slots[at as usize];
         let slot = held.as_mut()?;
         if slot.expires_at <= Instant::now() {
             *held = None;
-            self.index.remove(&key);
+            self.unindex(key, at);
             self.free.push(at);
             return None;
         }
@@ -113,15 +141,14 @@ impl Shard {
         Some(slot.response.clone())
     }
 
-    /// Stores the response `make` gives under `key`, replacing what was
-    /// there (which keeps its slot). The response is made once the slot it
-    /// goes to is free: an evicted response's memory is freed first, for
-    /// the new one to reuse.
+    /// Stores `response` under `key`, replacing what was there (which keeps
+    /// its slot). An insert into a full shard copies a borrowed response
+    /// into the evicted one's buffers.
     #[inline]
-    fn insert(&mut self, key: CacheKey, make: impl FnOnce() -> ModelResponse, expires_at: Instant) {
-        if let Some(&at) = self.index.get(&key) {
+    fn insert(&mut self, key: CacheKey, response: impl Fill, expires_at: Instant) {
+        if let Some(at) = self.find(key) {
             if let Some(slot) = &mut self.slots[at as usize] {
-                slot.response = make();
+                response.fill(&mut slot.response);
                 slot.expires_at = expires_at;
                 return;
             }
@@ -131,13 +158,33 @@ impl Shard {
             None if self.slots.len() < self.capacity => self.grow(),
             None => self.evict(),
         };
-        self.slots[at] = Some(Slot {
-            key,
-            response: make(),
-            expires_at,
-            referenced: false,
-        });
-        self.index.insert(key, at as u32);
+        match &mut self.slots[at] {
+            Some(slot) => {
+                response.fill(&mut slot.response);
+                slot.key = key;
+                slot.expires_at = expires_at;
+                slot.referenced = false;
+            }
+            empty => {
+                *empty = Some(Slot {
+                    key,
+                    response: response.make(),
+                    expires_at,
+                    referenced: false,
+                });
+            }
+        }
+        let slots = &self.slots;
+        self.index
+            .insert_unique(hash(&key), at as u32, |&at| hash_of(slots, at));
+    }
+
+    /// Takes slot `at`, which held `key`, out of the index.
+    #[inline]
+    fn unindex(&mut self, key: CacheKey, at: u32) {
+        if let Ok(entry) = self.index.find_entry(hash(&key), |&held| held == at) {
+            entry.remove();
+        }
     }
 
     /// A new empty slot at the end of the ring, which grows by doubling
@@ -152,9 +199,10 @@ impl Shard {
         len
     }
 
-    /// Empties the slot the clock's hand stops at (the next one not read
+    /// Takes the slot the clock's hand stops at (the next one not read
     /// since the hand last passed it, clearing the marks of those it
-    /// passes) and returns it. Every slot is full: there is none free.
+    /// passes) out of the index and returns it, its response left in place
+    /// for the next to overwrite. Every slot is full: there is none free.
     fn evict(&mut self) -> usize {
         loop {
             let at = self.hand;
@@ -167,8 +215,8 @@ impl Shard {
             match held {
                 Some(slot) if slot.referenced => slot.referenced = false,
                 Some(slot) => {
-                    self.index.remove(&slot.key);
-                    *held = None;
+                    let key = slot.key;
+                    self.unindex(key, at as u32);
                     return at;
                 }
                 None => return at,
@@ -178,30 +226,6 @@ impl Shard {
 
     fn clear(&mut self) {
         *self = Self::new(self.capacity);
-    }
-}
-
-/// A [`CacheKey`] is a uniform hash already: its low 64 bits are the
-/// map's hash as they come.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    #[inline]
-    fn write_u128(&mut self, value: u128) {
-        self.0 = value as u64;
-    }
-
-    /// Not reached by a key; folds any other bytes in, FNV-1a style.
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
     }
 }
 
@@ -266,9 +290,9 @@ impl MemoryStore {
     }
 
     #[inline]
-    fn store(&self, key: CacheKey, make: impl FnOnce() -> ModelResponse, ttl: Duration) {
+    fn store(&self, key: CacheKey, response: impl Fill, ttl: Duration) {
         if let Some(expires_at) = expiry(ttl) {
-            self.shard(key).insert(key, make, expires_at);
+            self.shard(key).insert(key, response, expires_at);
         }
     }
 }
@@ -308,7 +332,7 @@ impl CacheStore for MemoryStore {
         ttl: Duration,
     ) -> BoxFuture<'_, Result<(), BoxError>> {
         Box::pin(async move {
-            self.store(key, || response, ttl);
+            self.store(key, response, ttl);
             Ok(())
         })
     }
@@ -323,7 +347,7 @@ impl CacheStore for MemoryStore {
         response: &ModelResponse,
         ttl: Duration,
     ) -> Option<Result<(), BoxError>> {
-        self.store(key, || response.clone(), ttl);
+        self.store(key, response, ttl);
         Some(Ok(()))
     }
 }
@@ -352,17 +376,17 @@ mod tests {
         let store = MemoryStore::new(3);
         assert_eq!(store.shards.len(), 1);
         for n in 0..3 {
-            store.store(key(n), || response(n), HOUR);
+            store.store(key(n), response(n), HOUR);
         }
         // 0 is read: it gets a second chance, and 1 leaves instead.
         assert_eq!(text(&store, 0).as_deref(), Some("0"));
-        store.store(key(3), || response(3), HOUR);
+        store.store(key(3), response(3), HOUR);
         assert_eq!(store.entry_count(), 3);
         assert_eq!(text(&store, 1), None);
         // 0's chance is spent once the hand passed it: 2 is next, then 0.
-        store.store(key(4), || response(4), HOUR);
+        store.store(key(4), response(4), HOUR);
         assert_eq!(text(&store, 2), None);
-        store.store(key(5), || response(5), HOUR);
+        store.store(key(5), response(5), HOUR);
         assert_eq!(text(&store, 0), None);
         for n in [3, 4, 5] {
             assert!(text(&store, n).is_some(), "{n} is held");
@@ -372,13 +396,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_replaced_entry_keeps_its_place_and_an_expired_one_leaves() {
         let store = MemoryStore::new(2);
-        store.store(key(0), || response(0), HOUR);
-        store.store(key(1), || response(1), Duration::from_secs(1));
-        store.store(key(0), || response(10), HOUR);
+        store.store(key(0), response(0), HOUR);
+        store.store(key(1), response(1), Duration::from_secs(1));
+        store.store(key(0), response(10), HOUR);
         assert_eq!(store.entry_count(), 2);
         let held = |n| {
             let shard = store.lock(0);
-            let at = *shard.index.get(&key(n))?;
+            let at = shard.find(key(n))?;
             let slot = shard.slots[at as usize].as_ref()?;
             Some(slot.response.message.text().into_owned())
         };
@@ -389,8 +413,8 @@ mod tests {
         // A new insert of the removed key takes the emptied slot. The
         // replaced 0 kept its slot, the first on the hand's way: it leaves
         // first.
-        store.store(key(1), || response(11), HOUR);
-        store.store(key(2), || response(2), HOUR);
+        store.store(key(1), response(11), HOUR);
+        store.store(key(2), response(2), HOUR);
         assert_eq!(store.entry_count(), 2);
         assert_eq!(held(0), None);
         assert_eq!(held(1).as_deref(), Some("11"));
@@ -401,7 +425,7 @@ mod tests {
     async fn emptied_slots_are_used_again() {
         let store = MemoryStore::new(4);
         for round in 0..100 {
-            store.store(key(round % 8), || response(round), Duration::from_secs(1));
+            store.store(key(round % 8), response(round), Duration::from_secs(1));
             if round % 3 == 0 {
                 tokio::time::advance(Duration::from_secs(1)).await;
                 assert_eq!(text(&store, round % 8), None);

@@ -5,6 +5,7 @@
 
 mod key;
 mod memory;
+mod reuse;
 mod store;
 
 pub use key::CacheKey;
