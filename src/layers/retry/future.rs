@@ -111,7 +111,8 @@ where
 {
     type Output = Result<S::Response, BoxError>;
 
-    #[inline]
+    // Inlined: the first attempt's answer goes straight to the caller.
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut attempt = self.project().attempt;
         let retrying = match attempt.as_mut().project() {

@@ -169,9 +169,17 @@ pub struct LlmRetry<S> {
     /// The policy and a clone of `inner` to clone for retries: one handle
     /// per call, however deep the inner stack.
     shared: Arc<Shared<S>>,
-    /// `inner` was lent out mutably since `shared` was made.
-    stale: bool,
+    /// What sends a call off the short path, in one byte read once per
+    /// call: [`STALE`] and [`CHECKED`] bits; zero for the common layer.
+    detour: u8,
 }
+
+/// `inner` was lent out mutably since `shared` was made.
+const STALE: u8 = 1;
+
+/// The policy has a budget to deposit into, or never retries (and so
+/// takes no copy).
+const CHECKED: u8 = 2;
 
 /// What every call of one [`LlmRetry`] shares.
 #[derive(Debug)]
@@ -184,10 +192,11 @@ impl<S: Clone> LlmRetry<S> {
     /// Wraps `inner`, retrying by `policy`.
     pub fn new(inner: S, policy: RetryPolicy) -> Self {
         let service = inner.clone();
+        let checked = policy.budget_handle().is_some() || !policy.retries();
         Self {
             inner,
             shared: Arc::new(Shared { policy, service }),
-            stale: false,
+            detour: if checked { CHECKED } else { 0 },
         }
     }
 }
@@ -201,7 +210,7 @@ impl<S: Clone> LlmRetry<S> {
             policy: self.shared.policy.clone(),
             service: self.inner.clone(),
         });
-        self.stale = false;
+        self.detour &= !STALE;
     }
 }
 
@@ -214,7 +223,7 @@ impl<S> LlmRetry<S> {
     /// The inner service, mutably. Retries after this go to clones of the
     /// service as changed.
     pub fn get_mut(&mut self) -> &mut S {
-        self.stale = true;
+        self.detour |= STALE;
         &mut self.inner
     }
 
@@ -250,7 +259,25 @@ where
 
     #[inline(always)]
     fn call(&mut self, mut req: Req) -> Self::Future {
-        if self.stale {
+        // One test for the common layer; the future is built in one place,
+        // in the caller's memory.
+        let copy = if self.detour == 0 {
+            req.guard();
+            Some(req.clone())
+        } else {
+            self.checked_copy(&mut req)
+        };
+        future::ResponseFuture::new(self.inner.call(req), copy, self.shared.clone())
+    }
+}
+
+impl<S: Clone> LlmRetry<S> {
+    /// Readies a call off the short path: refreshes what a retry is sent
+    /// to, deposits into the budget, and takes a copy only if a retry may
+    /// follow.
+    #[inline(never)]
+    fn checked_copy<Req: RetryRequest>(&mut self, req: &mut Req) -> Option<Req> {
+        if self.detour & STALE != 0 {
             self.refresh();
         }
         req.guard();
@@ -258,7 +285,6 @@ where
         if let Some(budget) = policy.budget_handle() {
             budget.deposit_once(req.extensions_mut());
         }
-        let copy = policy.retries().then(|| req.clone());
-        future::ResponseFuture::new(self.inner.call(req), copy, self.shared.clone())
+        policy.retries().then(|| req.clone())
     }
 }
