@@ -21,7 +21,7 @@ const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 86_400);
 /// The fewest entries a shard is made for: a small store has fewer shards.
 const MIN_SHARD: u64 = 32;
 
-/// The most entries a shard's index is made for up front.
+/// The most entries a shard's index and slots are made for up front.
 const PREALLOCATED: usize = 4096;
 
 /// The in-memory [`CacheStore`]: at most `max_entries` responses, each
@@ -80,7 +80,7 @@ struct Slot {
 struct Shard {
     index: HashTable<u32>,
     /// Filled up to `capacity`; `None` where an expired entry was removed.
-    slots: Ring,
+    slots: Vec<Option<Slot>>,
     /// The emptied slots (every `None` of `slots`), used before any is
     /// evicted.
     free: Vec<u32>,
@@ -101,7 +101,7 @@ fn hash(key: &CacheKey) -> u64 {
 
 /// The hash of the key in slot `at`, which is full.
 #[inline]
-fn hash_of(slots: &Ring, at: u32) -> u64 {
+fn hash_of(slots: &[Option<Slot>], at: u32) -> u64 {
     slots[at as usize]
         .as_ref()
         .map_or(0, |slot| hash(&slot.key))
@@ -111,11 +111,13 @@ impl Shard {
     fn new(capacity: usize) -> Self {
         // Slot numbers are `u32`: a shard holds fewer.
         let capacity = capacity.clamp(1, u32::MAX as usize);
+        // Both made for the whole shard up to a size, so a filling shard
+        // neither rehashes its index (each rehash reading every key) nor
+        // copies its slots; the slots' pages are touched only as they fill.
+        let made = capacity.min(PREALLOCATED);
         Self {
-            // Made for the whole shard (5 bytes a slot) up to a size, so a
-            // filling store does not rehash, each rehash reading every key.
-            index: HashTable::with_capacity(capacity.min(PREALLOCATED)),
-            slots: Ring::default(),
+            index: HashTable::with_capacity(made),
+            slots: Vec::with_capacity(made),
             free: Vec::new(),
             hand: 0,
             capacity,
@@ -193,9 +195,16 @@ impl Shard {
         }
     }
 
-    /// A new empty slot at the end of the ring.
+    /// A new empty slot at the end of the ring, which grows (past what it
+    /// was made for) by doubling up to `capacity` and no further.
     fn grow(&mut self) -> usize {
-        self.slots.push_empty(self.capacity)
+        let len = self.slots.len();
+        if len == self.slots.capacity() {
+            self.slots
+                .reserve_exact(len.max(4).min(self.capacity - len));
+        }
+        self.slots.push(None);
+        len
     }
 
     /// Takes the slot the clock's hand stops at (the next one not read
@@ -225,50 +234,6 @@ impl Shard {
 
     fn clear(&mut self) {
         *self = Self::new(self.capacity);
-    }
-}
-
-/// How many slots a ring allocates at a time.
-const CHUNK: usize = 32;
-
-/// A shard's slots, in chunks of [`CHUNK`] that never move: a filling
-/// shard allocates a chunk at a time, and copies none of what it holds.
-#[derive(Default)]
-struct Ring {
-    chunks: Vec<Box<[Option<Slot>]>>,
-    len: usize,
-}
-
-impl Ring {
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Adds an empty slot, of at most `capacity`, and returns its number.
-    fn push_empty(&mut self, capacity: usize) -> usize {
-        let at = self.len;
-        if at % CHUNK == 0 {
-            let size = CHUNK.min(capacity - at);
-            self.chunks.push((0..size).map(|_| None).collect());
-        }
-        self.len += 1;
-        at
-    }
-}
-
-impl std::ops::Index<usize> for Ring {
-    type Output = Option<Slot>;
-
-    #[inline]
-    fn index(&self, at: usize) -> &Option<Slot> {
-        &self.chunks[at / CHUNK][at % CHUNK]
-    }
-}
-
-impl std::ops::IndexMut<usize> for Ring {
-    #[inline]
-    fn index_mut(&mut self, at: usize) -> &mut Option<Slot> {
-        &mut self.chunks[at / CHUNK][at % CHUNK]
     }
 }
 
