@@ -7,7 +7,7 @@
 //! chain, so a turn's key costs O(new messages), not O(history); the tool
 //! list's digest is remembered while the agent keeps sending the same list.
 //! Responses live in a [`CacheStore`]: [`MemoryStore`] (bounded entries, a
-//! time to live each, on quick_cache) by default, or a store of yours.
+//! time to live each, CLOCK eviction) by default, or a store of yours.
 //!
 //! ```
 //! use tower::{Service, ServiceBuilder, ServiceExt};

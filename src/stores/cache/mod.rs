@@ -4,8 +4,11 @@
 //! re-exports all three.
 
 mod key;
+mod memory;
+mod reuse;
 mod store;
 
 pub use key::CacheKey;
 pub(crate) use key::Keyer;
-pub use store::{CacheStore, MemoryStore};
+pub use memory::MemoryStore;
+pub use store::CacheStore;
