@@ -180,21 +180,24 @@ fn scans_clean(engine: &PiiEngine, message: &Message) -> bool {
     let content = match &message.content {
         None => true,
         Some(MessageContent::Text(text)) => clean(text),
-        Some(MessageContent::Parts(parts)) => {
-            let texts: Vec<&str> = parts
-                .iter()
-                .filter_map(|part| match part {
-                    ContentPart::Text { text } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect();
-            match texts.as_slice() {
-                [one] => clean(one),
-                texts => clean(&texts.concat()),
-            }
-        }
+        Some(MessageContent::Parts(parts)) => match text_parts(parts).as_slice() {
+            [one] => clean(one),
+            texts => clean(&texts.concat()),
+        },
     };
     content && message.tool_calls.iter().all(|call| clean(&call.arguments))
+}
+
+/// The text parts of a message's content, in order: what the model reads
+/// joined up, so what is masked and checked as one text.
+pub(super) fn text_parts(parts: &[ContentPart]) -> Vec<&str> {
+    parts
+        .iter()
+        .filter_map(|part| match part {
+            ContentPart::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]

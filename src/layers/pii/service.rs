@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use serde_json::json;
 use tower::Service;
 
-use super::clean::CleanTexts;
+use super::clean::{text_parts, CleanTexts};
 use super::memo::{CleanMemo, Known};
 use super::stream::Streamed;
 use crate::context::RunContext;
@@ -203,13 +203,7 @@ fn mask_message(
         }
         Some(MessageContent::Parts(parts)) => {
             // The model reads the text parts joined up: mask them as one.
-            let texts: Vec<&str> = parts
-                .iter()
-                .filter_map(|part| match part {
-                    ContentPart::Text { text } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect();
+            let texts = text_parts(parts);
             if let Some(masked) = session.mask_parts(&texts)? {
                 *count += 1;
                 let copy = out.get_or_insert_with(|| message.clone());
