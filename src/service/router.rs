@@ -1,10 +1,10 @@
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::Either;
+use rustc_hash::FxBuildHasher;
 use tower::util::Oneshot;
 use tower::{Service, ServiceExt};
 
@@ -181,61 +181,10 @@ impl From<FnTool> for ToolDef {
 }
 
 /// A table by tool name. Its names are fixed when it is built; a name a
-/// model sends only looks one up, so it is hashed the quick way
-/// ([`NameHash`]) rather than with a DoS-resistant hash (each tool call
-/// looks up two such tables).
-type NameMap<V> = HashMap<String, V, NameHash>;
-
-/// Hashes tool names with FxHash's rotate-multiply, eight bytes at a time.
-#[derive(Debug, Clone, Copy, Default)]
-struct NameHash;
-
-impl BuildHasher for NameHash {
-    type Hasher = NameHasher;
-
-    fn build_hasher(&self) -> NameHasher {
-        NameHasher(0)
-    }
-}
-
-struct NameHasher(u64);
-
-impl NameHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0xf135_7aea_2e62_a9c5);
-    }
-}
-
-impl Hasher for NameHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut words = bytes.chunks_exact(8);
-        for word in &mut words {
-            self.add(u64::from_le_bytes(word.try_into().expect("eight bytes")));
-        }
-        let rest = words.remainder();
-        if !rest.is_empty() {
-            let word = rest
-                .iter()
-                .enumerate()
-                .fold(0u64, |word, (i, b)| word | u64::from(*b) << (8 * i));
-            self.add(word);
-        }
-    }
-
-    #[inline]
-    fn write_u8(&mut self, byte: u8) {
-        self.add(u64::from(byte));
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        // The multiply mixes into the high bits: turn them down to where
-        // the table picks its bucket.
-        self.0.rotate_left(26)
-    }
-}
+/// model sends only looks one up, so it is hashed the quick way (FxHash)
+/// rather than with a DoS-resistant hash (each tool call looks up two such
+/// tables).
+type NameMap<V> = HashMap<String, V, FxBuildHasher>;
 
 #[derive(Clone)]
 struct Entry {
