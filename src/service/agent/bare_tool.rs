@@ -19,11 +19,12 @@ use crate::types::ToolCall;
 /// What a tool call came to: its answer, or the panic it ended in.
 pub(super) type Caught = Result<Result<ToolOutput, BoxError>, Box<dyn std::any::Any + Send>>;
 
-/// A tool call without hooks: waits for the tool stack (the tool the
-/// router picks, when no layer wraps the router) to be ready, builds the
-/// invocation only then and calls it. So a call waiting on its tool holds
-/// the tool's future and a few references, neither the invocation nor the
-/// wrappers a race, a span and a panic guard would each make of it.
+/// A tool call without hooks: builds the invocation at its first poll,
+/// asks the tool stack (the tool the router picks, when no layer wraps the
+/// router) to be ready and calls it, keeping the invocation boxed only while
+/// the tool is not ready. So a call holds the tool's future and a few
+/// references, not the invocation moved through the wrappers a race, a span
+/// and a panic guard would each make of it.
 pub(super) struct BareToolCall<'a> {
     guard: Guard<'a>,
     call: &'a ToolCall,
