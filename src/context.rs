@@ -25,7 +25,7 @@ use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -104,9 +104,10 @@ struct Inner {
     watched: AtomicBool,
     /// Set once `stop` holds a reason without `by`: lets attribution skip the lock.
     stop_unattributed: AtomicBool,
-    /// Set once the rare parts are allocated: until then, what reads only
-    /// them (a stop, context to add, a bracket) skips the lock.
-    has_rare: AtomicBool,
+    /// Which of the rare parts hold something (a bit of [`part`] each,
+    /// written under the `shared` lock): a read of a part that holds
+    /// nothing (a stop, context to add, a bracket) skips the lock.
+    rare_parts: AtomicU8,
     /// Set once a lifecycle layer brackets the run (see
     /// [`RunContext::mark_bracketed`]).
     bracketed: AtomicBool,
@@ -172,6 +173,17 @@ struct Rare {
 struct Prelude {
     context: Vec<String>,
     history: Option<History>,
+}
+
+/// The rare parts, one bit each in `Inner::rare_parts`.
+mod part {
+    pub(super) const PORT: u8 = 1;
+    pub(super) const CONTEXT: u8 = 1 << 1;
+    pub(super) const STOP: u8 = 1 << 2;
+    pub(super) const BRACKET: u8 = 1 << 3;
+    pub(super) const TOOLS: u8 = 1 << 4;
+    pub(super) const RUN_CONTEXT: u8 = 1 << 5;
+    pub(super) const HISTORY: u8 = 1 << 6;
 }
 
 /// The sink of a context built without one: one for the process, so a
@@ -252,7 +264,7 @@ impl RunContext {
             }),
             ..Shared::default()
         };
-        let has_rare = shared.rare.is_some();
+        let rare_parts = if shared.rare.is_some() { part::PORT } else { 0 };
         RunContext {
             inner: Arc::new(Inner {
                 run_id: OnceLock::new(),
@@ -265,7 +277,7 @@ impl RunContext {
                 hook_failed: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
-                has_rare: AtomicBool::new(has_rare),
+                rare_parts: AtomicU8::new(rare_parts),
                 bracketed: AtomicBool::new(false),
             }),
         }
@@ -581,20 +593,24 @@ impl RunContext {
         lock(&self.inner.shared)
     }
 
-    /// Runs `f` on the context's rarely used parts, allocated first if need be.
-    fn with_rare<R>(&self, f: impl FnOnce(&mut Rare) -> R) -> R {
+    /// Runs `f` on the context's rarely used parts, allocated first if need
+    /// be, to put something in `part`.
+    fn with_rare<R>(&self, part: u8, f: impl FnOnce(&mut Rare) -> R) -> R {
         let mut shared = self.shared();
-        let rare = shared.rare.get_or_insert_with(|| {
-            self.inner.has_rare.store(true, Ordering::Release);
-            Box::default()
-        });
+        let rare = shared.rare.get_or_insert_with(Box::default);
+        // Written only under the lock: a load and a store, no atomic
+        // read-modify-write.
+        let parts = self.inner.rare_parts.load(Ordering::Relaxed);
+        if parts & part == 0 {
+            self.inner.rare_parts.store(parts | part, Ordering::Release);
+        }
         f(rare)
     }
 
-    /// `f` of the rare parts, locked, once they are allocated; `None`
-    /// before, without taking the lock.
-    fn read_rare<R>(&self, f: impl FnOnce(&mut Rare) -> R) -> Option<R> {
-        if !self.inner.has_rare.load(Ordering::Acquire) {
+    /// `f` of the rare parts, locked, once something was put in `part`;
+    /// `None` before, without taking the lock.
+    fn read_rare<R>(&self, part: u8, f: impl FnOnce(&mut Rare) -> R) -> Option<R> {
+        if self.inner.rare_parts.load(Ordering::Acquire) & part == 0 {
             return None;
         }
         self.shared().rare.as_deref_mut().map(f)
@@ -602,13 +618,15 @@ impl RunContext {
 
     /// Adds a system message to the next model call, kept in the transcript.
     pub fn add_context(&self, text: impl Into<String>) {
-        self.with_rare(|rare| rare.pending_context.push(text.into()));
+        self.with_rare(part::CONTEXT, |rare| rare.pending_context.push(text.into()));
     }
 
     /// Takes the texts [`add_context`](Self::add_context) collected.
     pub fn take_context(&self) -> Vec<String> {
-        self.read_rare(|rare| std::mem::take(&mut rare.pending_context))
-            .unwrap_or_default()
+        self.read_rare(part::CONTEXT, |rare| {
+            std::mem::take(&mut rare.pending_context)
+        })
+        .unwrap_or_default()
     }
 
     /// Adds a system message right after the system prompt, for this run
@@ -618,13 +636,17 @@ impl RunContext {
     /// memory recalled for it. Text added once the first turn began is not
     /// read.
     pub fn add_run_context(&self, text: impl Into<String>) {
-        self.with_rare(|rare| rare.prelude.context.push(text.into()));
+        self.with_rare(part::RUN_CONTEXT, |rare| {
+            rare.prelude.context.push(text.into())
+        });
     }
 
     /// Takes the texts [`add_run_context`](Self::add_run_context) collected.
     pub(crate) fn take_run_context(&self) -> Vec<String> {
-        self.read_rare(|rare| std::mem::take(&mut rare.prelude.context))
-            .unwrap_or_default()
+        self.read_rare(part::RUN_CONTEXT, |rare| {
+            std::mem::take(&mut rare.prelude.context)
+        })
+        .unwrap_or_default()
     }
 
     /// Gives a new run whose request came without history the thread's
@@ -633,12 +655,13 @@ impl RunContext {
     /// ignores it, and so does a run that already began.
     pub fn provide_history(&self, history: impl Into<History>) {
         let history = history.into();
-        self.with_rare(|rare| rare.prelude.history = Some(history));
+        self.with_rare(part::HISTORY, |rare| rare.prelude.history = Some(history));
     }
 
     /// Takes what [`provide_history`](Self::provide_history) gave.
     pub(crate) fn take_provided_history(&self) -> Option<History> {
-        self.read_rare(|rare| rare.prelude.history.take()).flatten()
+        self.read_rare(part::HISTORY, |rare| rare.prelude.history.take())
+            .flatten()
     }
 
     /// Ends the run before its next model call: it completes with status
@@ -660,7 +683,7 @@ impl RunContext {
     }
 
     fn set_stop(&self, reason: StopReason) {
-        self.with_rare(|rare| {
+        self.with_rare(part::STOP, |rare| {
             let stop = &mut rare.stop;
             if stop.is_some() {
                 return;
@@ -674,7 +697,8 @@ impl RunContext {
 
     /// The stop asked for, if any. The first request wins.
     pub fn stop_requested(&self) -> Option<StopReason> {
-        self.read_rare(|rare| rare.stop.clone()).flatten()
+        self.read_rare(part::STOP, |rare| rare.stop.clone())
+            .flatten()
     }
 
     /// Names `by` as who asked for a stop that was asked for anonymously.
@@ -685,7 +709,7 @@ impl RunContext {
         if !self.inner.stop_unattributed.load(Ordering::Acquire) {
             return;
         }
-        self.read_rare(|rare| {
+        self.read_rare(part::STOP, |rare| {
             if let Some(stop) = rare.stop.as_mut().filter(|stop| stop.by.is_none()) {
                 stop.by = Some(by.to_owned());
             }
@@ -703,7 +727,7 @@ impl RunContext {
         // A flag, not the rare parts: a bracket that adds no context (most
         // do) allocates nothing.
         if !context.is_empty() {
-            self.with_rare(|rare| rare.bracket.extend(context));
+            self.with_rare(part::BRACKET, |rare| rare.bracket.extend(context));
         }
         self.inner.bracketed.store(true, Ordering::Release);
     }
@@ -717,7 +741,7 @@ impl RunContext {
 
     /// Takes the context the bracketing layer's `before_agent` hooks added.
     pub(crate) fn take_bracket_context(&self) -> Vec<String> {
-        self.read_rare(|rare| std::mem::take(&mut rare.bracket))
+        self.read_rare(part::BRACKET, |rare| std::mem::take(&mut rare.bracket))
             .unwrap_or_default()
     }
 
@@ -726,12 +750,13 @@ impl RunContext {
     /// [`run_tools`](Self::run_tools): a pointer in the rare parts rather
     /// than an entry of the state map, which allocates three times.
     pub(crate) fn set_run_tools(&self, tools: Arc<dyn Any + Send + Sync>) {
-        self.with_rare(|rare| rare.tools = Some(tools));
+        self.with_rare(part::TOOLS, |rare| rare.tools = Some(tools));
     }
 
     /// What [`set_run_tools`](Self::set_run_tools) set, if anything.
     pub(crate) fn run_tools(&self) -> Option<Arc<dyn Any + Send + Sync>> {
-        self.read_rare(|rare| rare.tools.clone()).flatten()
+        self.read_rare(part::TOOLS, |rare| rare.tools.clone())
+            .flatten()
     }
 
     /// Notes that something watches the run's messages.
@@ -755,12 +780,13 @@ impl RunContext {
     /// The hook points installed for this run, opaque: `crate::hooks` reads
     /// them.
     pub(crate) fn port_slot(&self) -> Option<PortSlot> {
-        self.read_rare(|rare| rare.port.clone()).flatten()
+        self.read_rare(part::PORT, |rare| rare.port.clone())
+            .flatten()
     }
 
     /// Installs the hook points the run loop calls, replacing any.
     pub(crate) fn set_port_slot(&self, slot: PortSlot) {
-        self.with_rare(|rare| rare.port = Some(slot));
+        self.with_rare(part::PORT, |rare| rare.port = Some(slot));
     }
 
     /// Removes the hook points installed in the run (a handoff to an agent
@@ -911,7 +937,7 @@ impl RunContextBuilder {
                 hook_failed: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
                 stop_unattributed: AtomicBool::new(false),
-                has_rare: AtomicBool::new(false),
+                rare_parts: AtomicU8::new(0),
                 bracketed: AtomicBool::new(false),
             }),
         }
