@@ -159,7 +159,10 @@ impl History {
     /// the caller appends, which keeps the lineage if no other history grew
     /// from this state yet.
     fn inner_mut(&mut self, grow: bool) -> &mut Inner {
-        if Arc::get_mut(&mut self.inner).is_none() {
+        // No `Weak` of the state is ever made, so one strong count means
+        // this history holds it alone: read with a plain load, and the
+        // one atomic exchange left is `get_mut`'s below.
+        if Arc::strong_count(&self.inner) != 1 {
             let shared = &*self.inner;
             let lineage = if grow && !shared.extended.swap(true, Ordering::AcqRel) {
                 shared.lineage
