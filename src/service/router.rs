@@ -244,7 +244,14 @@ pub trait ToolSource: Send + Sync + 'static {
 /// Cheap: the table is shared.
 #[derive(Clone, Default)]
 pub struct ToolRouter {
-    tools: Arc<NameMap<Entry>>,
+    /// One pointer: a clone (one per tool call) is one reference count.
+    table: Arc<Table>,
+}
+
+/// What a router's clones share.
+#[derive(Clone, Default)]
+struct Table {
+    tools: NameMap<Entry>,
     specs: Arc<[ToolSpec]>,
     sources: Arc<[Arc<dyn ToolSource>]>,
 }
@@ -252,11 +259,7 @@ pub struct ToolRouter {
 impl ToolRouter {
     /// A router with no tools.
     pub fn new() -> Self {
-        Self {
-            tools: Arc::default(),
-            specs: Arc::from([]),
-            sources: Arc::from([]),
-        }
+        Self::default()
     }
 
     /// Looks up `source` for a call that names none of the router's own
@@ -264,11 +267,12 @@ impl ToolRouter {
     /// validated as the router's own are; their specs are not in
     /// [`specs`](Self::specs), which stays what the router was built with.
     pub fn source(self, source: impl ToolSource) -> Self {
-        let mut sources = self.sources.to_vec();
+        let mut table = Arc::unwrap_or_clone(self.table);
+        let mut sources = table.sources.to_vec();
         sources.push(Arc::new(source));
+        table.sources = sources.into();
         Self {
-            sources: sources.into(),
-            ..self
+            table: Arc::new(table),
         }
     }
 
@@ -280,40 +284,39 @@ impl ToolRouter {
     /// an error naming the schema problem.
     pub fn tool(self, tool: impl Into<ToolDef>) -> Self {
         let def = tool.into();
-        let mut tools = Arc::unwrap_or_clone(self.tools);
-        let mut specs: Vec<ToolSpec> = self
+        let mut table = Arc::unwrap_or_clone(self.table);
+        let mut specs: Vec<ToolSpec> = table
             .specs
             .iter()
             .filter(|s| s.name != def.spec.name)
             .cloned()
             .collect();
         specs.push(def.spec.clone());
-        tools.insert(def.spec.name.clone(), Entry::new(def));
+        table.tools.insert(def.spec.name.clone(), Entry::new(def));
+        table.specs = specs.into();
         Self {
-            tools: Arc::new(tools),
-            specs: specs.into(),
-            sources: self.sources,
+            table: Arc::new(table),
         }
     }
 
     /// The specs of every tool, in the order they were added.
     pub fn specs(&self) -> &Arc<[ToolSpec]> {
-        &self.specs
+        &self.table.specs
     }
 
     /// The tool called `name`.
     pub fn get(&self, name: &str) -> Option<&ToolDef> {
-        self.tools.get(name).map(|e| &e.def)
+        self.table.tools.get(name).map(|e| &e.def)
     }
 
     /// The number of tools.
     pub fn len(&self) -> usize {
-        self.tools.len()
+        self.table.tools.len()
     }
 
     /// Whether it has no tools.
     pub fn is_empty(&self) -> bool {
-        self.tools.is_empty()
+        self.table.tools.is_empty()
     }
 
     /// The tool `invocation` goes to, or the router's own answer when it
@@ -321,10 +324,10 @@ impl ToolRouter {
     pub(crate) fn check(&self, invocation: &ToolInvocation) -> Result<BoxTool, ToolOutput> {
         let name = &invocation.call.name;
         let found;
-        let entry = match self.tools.get(name) {
+        let entry = match self.table.tools.get(name) {
             Some(entry) => entry,
             None => {
-                let Some(def) = self.sources.iter().find_map(|s| s.tool(name)) else {
+                let Some(def) = self.table.sources.iter().find_map(|s| s.tool(name)) else {
                     return Err(self.unknown(name));
                 };
                 found = Entry::new(def);
@@ -372,8 +375,8 @@ impl ToolRouter {
 
 impl ToolRouter {
     fn unknown(&self, name: &str) -> ToolOutput {
-        let mut known: Vec<String> = self.tools.keys().cloned().collect();
-        for source in self.sources.iter() {
+        let mut known: Vec<String> = self.table.tools.keys().cloned().collect();
+        for source in self.table.sources.iter() {
             known.extend(source.names());
         }
         known.sort_unstable();
@@ -388,7 +391,7 @@ impl ToolRouter {
 impl fmt::Debug for ToolRouter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list()
-            .entries(self.specs.iter().map(|s| &s.name))
+            .entries(self.table.specs.iter().map(|s| &s.name))
             .finish()
     }
 }
