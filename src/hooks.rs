@@ -308,8 +308,8 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     /// [`wrap_tool`](Self::wrap_tool) for a caller that calls the tool stack
     /// itself when every wrap hook hands the call on: the walk down the wrap
     /// hooks happens here, at once; call it where the call would be first
-    /// polled.
-    fn walk_tool(&self, invocation: ToolInvocation, next: BoxTool) -> ToolWalk<'_>;
+    /// polled. `next` is cloned only for a wrap hook that may keep it.
+    fn walk_tool(&self, invocation: ToolInvocation, next: &BoxTool) -> ToolWalk<'_>;
 
     /// What a tool call of a [`ToolWalk::Service`], to tool `name` in
     /// `ctx`'s run, answers: what the future [`wrap_tool`](Self::wrap_tool)

@@ -33,11 +33,12 @@ pub(crate) enum ModelWalk<'a> {
 /// Where [`HookPort::walk_tool`] left a tool call.
 pub(crate) enum ToolWalk<'a> {
     /// Every wrap hook handed the call on (or none may run): the caller
-    /// makes `service` ready, calls it with `invocation` and hands what
+    /// makes `service` ready (`None`: the tool stack it handed the walk,
+    /// which was not cloned), calls it with `invocation` and hands what
     /// comes of it to [`HookPort::finish_tool`] with `finish`, watching
     /// `finish`'s abort meanwhile.
     Service {
-        service: BoxTool,
+        service: Option<BoxTool>,
         invocation: ToolInvocation,
         finish: ToolFinish,
     },

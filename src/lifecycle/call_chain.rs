@@ -304,27 +304,27 @@ where
 
 /// [`tool_call_in`] for a caller that calls the tool stack itself when
 /// every wrap hook hands the call on: the walk happens here, at once.
-pub(crate) fn tool_walk(
-    stack: &Arc<CompiledStack>,
+pub(crate) fn tool_walk<'s>(
+    stack: &'s Arc<CompiledStack>,
     mut invocation: ToolInvocation,
-    base: BoxTool,
+    base: &BoxTool,
     home: Option<usize>,
-) -> ToolWalk<'_> {
+) -> ToolWalk<'s> {
     let failure = tool_guard(stack, &mut invocation);
     let finish = |abort: Option<Arc<dyn CallAbort>>| ToolFinish { home, abort };
     if !stack.has(HookPoint::WrapTool) {
         return ToolWalk::Service {
-            service: base,
+            service: None,
             invocation,
             finish: finish(failure.map(|g| g as Arc<dyn CallAbort>)),
         };
     }
     let ctx = invocation.context.clone();
-    let next = Next::chain(stack.entries.clone(), base, home);
+    let next = Next::chain(stack.entries.clone(), base.clone(), home);
     let fut = match step(Some(&stack.entries), next, invocation) {
         Step::Innermost(service, invocation, _) => {
             return ToolWalk::Service {
-                service,
+                service: Some(service),
                 invocation,
                 finish: finish(failure.map(|g| g as Arc<dyn CallAbort>)),
             };

@@ -356,7 +356,7 @@ impl HookPort for InstalledHooks {
         }
     }
 
-    fn walk_tool(&self, invocation: ToolInvocation, next: BoxTool) -> ToolWalk<'_> {
+    fn walk_tool(&self, invocation: ToolInvocation, next: &BoxTool) -> ToolWalk<'_> {
         self.walk_tool_here(invocation, next)
     }
 

@@ -47,17 +47,21 @@ impl InstalledHooks {
     }
 
     /// The walk of [`HookPort::walk_tool`].
-    pub(super) fn walk_tool_here(&self, invocation: ToolInvocation, next: BoxTool) -> ToolWalk<'_> {
+    pub(super) fn walk_tool_here(
+        &self,
+        invocation: ToolInvocation,
+        next: &BoxTool,
+    ) -> ToolWalk<'_> {
         let own = self.stack.wraps_tool();
         match &self.outer {
             None if !own => ToolWalk::Service {
-                service: next,
+                service: None,
                 invocation,
                 finish: ToolFinish::plain(),
             },
             None => tool_walk(&self.stack, invocation, next, Some(self.depth)),
             Some(outer) if !own => outer.walk_tool(invocation, next),
-            Some(_) => ToolWalk::Future(self.wrap_tool(invocation, next)),
+            Some(_) => ToolWalk::Future(self.wrap_tool(invocation, next.clone())),
         }
     }
 }

@@ -138,7 +138,7 @@ pub(super) struct HookedToolCall<'a> {
     ctx: &'a RunContext,
     /// The call, for the tool's name in its errors.
     call: &'a ToolCall,
-    /// The tool stack, cloned for the walk.
+    /// The tool stack, cloned only for a wrap hook that may keep it.
     tools: &'a BoxTool,
     /// The router, when the tool stack is the router alone.
     router: Option<&'a ToolRouter>,
@@ -199,7 +199,7 @@ impl Future for HookedToolCall<'_> {
             else {
                 unreachable!("checked above");
             };
-            this.state = match this.hooks.walk_tool(invocation, this.tools.clone()) {
+            this.state = match this.hooks.walk_tool(invocation, this.tools) {
                 ToolWalk::Service {
                     service,
                     invocation,
@@ -207,7 +207,10 @@ impl Future for HookedToolCall<'_> {
                 } => {
                     // What every wrap hook handed on is the agent's own tool
                     // stack: the router itself, when nothing wraps it.
-                    let mut stack = this.router.is_none().then_some(service);
+                    let mut stack = match this.router {
+                        Some(_) => None,
+                        None => Some(service.unwrap_or_else(|| this.tools.clone())),
+                    };
                     // Called at once if it is ready, as a call without
                     // hooks is: the invocation goes from the walk to the
                     // tool without being parked on the way.
