@@ -5,7 +5,7 @@ use std::future::Future;
 
 use futures::future::BoxFuture;
 
-use super::{Hook, Middleware, MiddlewareStack};
+use super::{Hook, HookPoint, Middleware, MiddlewareStack};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
 use crate::hooks::{RunOutcome, ToolVerdict};
@@ -49,6 +49,21 @@ enum FnHook {
                 + Sync,
         >,
     ),
+}
+
+impl FnHook {
+    /// The hook point the closure runs at.
+    fn point(&self) -> HookPoint {
+        match self {
+            FnHook::BeforeRun(_) => HookPoint::BeforeRun,
+            FnHook::BeforeModel(_) | FnHook::BeforeModelAsync(_) => HookPoint::BeforeModel,
+            FnHook::AfterModel(_) => HookPoint::AfterModel,
+            FnHook::BeforeTool(_) | FnHook::BeforeToolAsync(_) => HookPoint::BeforeTool,
+            FnHook::AfterTool(_) | FnHook::AfterToolAsync(_) => HookPoint::AfterTool,
+            FnHook::AfterAgent(_) => HookPoint::AfterAgent,
+            FnHook::OnError(_) => HookPoint::OnError,
+        }
+    }
 }
 
 /// A middleware with one hook, from a closure.
@@ -147,11 +162,17 @@ impl Middleware for FnMiddleware {
 }
 
 impl MiddlewareStack {
+    /// Registers the closure middleware: the stack knows from the start
+    /// that its other hook points are absent.
     fn push_fn(self, name: impl Into<String>, hook: FnHook) -> Self {
-        self.push(FnMiddleware {
-            name: name.into(),
-            hook,
-        })
+        let point = hook.point();
+        self.push_known(
+            FnMiddleware {
+                name: name.into(),
+                hook,
+            },
+            &[point],
+        )
     }
 
     /// Registers a middleware called `name` whose `before_run` is `f`: it

@@ -59,25 +59,42 @@ impl MiddlewareStack {
         self
     }
 
+    /// Registers a middleware of the crate's own whose overridden hooks
+    /// are known from how it was built (a closure's hook point, a
+    /// wrap-only middleware's wrap hook): the stack knows the rest are
+    /// absent from the start, delta hooks among them, which it could
+    /// otherwise learn only from a delta.
+    pub(crate) fn push_known(
+        mut self,
+        middleware: impl Middleware,
+        overrides: &[HookPoint],
+    ) -> Self {
+        let present = overrides.iter().fold(0, |bits, hook| bits | hook.bit());
+        let mut entry = Registered::new(Arc::new(middleware));
+        *entry.absent.get_mut() = ALL_HOOKS & !present;
+        self.entries.push(Arc::new(entry));
+        self
+    }
+
     /// Registers a wrap-only model middleware (a [`from_fn`](super::from_fn)
     /// among them) inside the ones already there.
     pub fn push_model(self, middleware: impl ModelMiddleware) -> Self {
-        self.push(ModelOnly(Arc::new(middleware)))
+        self.push_model_arc(Arc::new(middleware))
     }
 
     /// Registers a shared wrap-only model middleware.
     pub fn push_model_arc(self, middleware: Arc<dyn ModelMiddleware>) -> Self {
-        self.push(ModelOnly(middleware))
+        self.push_known(ModelOnly(middleware), &[HookPoint::WrapModel])
     }
 
     /// Registers a wrap-only tool middleware inside the ones already there.
     pub fn push_tool(self, middleware: impl ToolMiddleware) -> Self {
-        self.push(ToolOnly(Arc::new(middleware)))
+        self.push_tool_arc(Arc::new(middleware))
     }
 
     /// Registers a shared wrap-only tool middleware.
     pub fn push_tool_arc(self, middleware: Arc<dyn ToolMiddleware>) -> Self {
-        self.push(ToolOnly(middleware))
+        self.push_known(ToolOnly(middleware), &[HookPoint::WrapTool])
     }
 
     /// Appends every middleware of `other`, inside these.
