@@ -269,6 +269,17 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     /// polled.
     fn walk_model(&self, call: ModelCall, next: BoxModel) -> ModelWalk<'_>;
 
+    /// Whether a model call (one that `streams`, or not) has nothing of the
+    /// hooks around it: no wrap hook, no delta hook for its stream, no
+    /// `after_model`. The loop then calls the model as a run without hooks
+    /// does, appending its answer in place.
+    fn bare_model_call(&self, streams: bool) -> bool;
+
+    /// Whether a tool call has nothing of the hooks around it: no wrap
+    /// hook, no delta hook. The loop then calls the tool stack as a run
+    /// without hooks does (its `before_tool` and `after_tool` still run).
+    fn bare_tool_call(&self) -> bool;
+
     /// What the answer of the model called for a guarded
     /// [`ModelWalk::Service`] becomes (`answer` caught its panic): what the
     /// future [`wrap_model`](Self::wrap_model) makes would have answered.

@@ -232,6 +232,23 @@ impl HookPort for InstalledHooks {
         self.walk_model_here(call, next)
     }
 
+    fn bare_model_call(&self, streams: bool) -> bool {
+        !self.stack.wraps_model(streams)
+            && !self.stack.has(HookPoint::AfterModel)
+            && self
+                .outer
+                .as_ref()
+                .is_none_or(|outer| outer.bare_model_call(streams))
+    }
+
+    fn bare_tool_call(&self) -> bool {
+        !self.stack.wraps_tool()
+            && self
+                .outer
+                .as_ref()
+                .is_none_or(|outer| outer.bare_tool_call())
+    }
+
     fn model_answer(
         &self,
         answer: std::thread::Result<Result<ModelResponse, BoxError>>,

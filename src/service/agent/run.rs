@@ -475,12 +475,18 @@ impl Run {
     /// One model turn: the call, and its answer appended to the
     /// conversation.
     ///
-    /// Without hooks the call goes to the run's own clone of the model
-    /// stack (made once per run), in a [`BareTurn`]; with hooks, through
-    /// them, in a future of its own on the heap.
+    /// Without hooks, or with hooks that have nothing around the call, the
+    /// call goes to the run's own clone of the model stack (made once per
+    /// run), in a [`BareTurn`]; otherwise through the hooks, in a future of
+    /// its own on the heap.
     fn model_turn(&mut self, turn: u32) -> Either<BareTurn<'_>, BoxFuture<'_, Answered>> {
-        if self.hooks.is_some() {
-            return Either::Right(Box::pin(self.hooked_turn(turn)));
+        if let Some(hooks) = &self.hooks {
+            // Nothing of the hooks around this call (a stack whose
+            // middleware only see the turn before it): the bare turn.
+            let streams = self.stream.is_some();
+            if !hooks.bare_model_call(streams) || (streams && hooks.holds_stream()) {
+                return Either::Right(Box::pin(self.hooked_turn(turn)));
+            }
         }
         let config = &*self.config;
         let ctx = &self.ctx;

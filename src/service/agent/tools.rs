@@ -391,7 +391,7 @@ impl Run {
             // The invocation and the call's future are made inside the
             // race's argument: the run's future keeps the race alone, not a
             // second copy of them for locals.
-            Some(hooks) => {
+            Some(hooks) if !hooks.bare_tool_call() => {
                 ctx.race({
                     let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
                     invocation.approved = approved;
@@ -408,10 +408,11 @@ impl Run {
                 })
                 .await?
             }
-            // Without hooks, the call goes straight to the tool stack, or
-            // to the router when no tool layer wraps it, which routes in
+            // Without hooks around the call (none, or only `before_tool`
+            // and `after_tool`), it goes straight to the tool stack, or to
+            // the router when no tool layer wraps it, which routes in
             // place: nothing boxed or cloned on the way.
-            None => {
+            _ => {
                 BareToolCall::new(
                     Guard::new(ctx),
                     call,

@@ -1,0 +1,194 @@
+//! Model and tool calls with nothing of the hooks around them (a closure
+//! middleware's, or a middleware that overrides neither a wrap hook nor
+//! `after_model`) are made as a run without hooks makes them: the hooks
+//! before and after them still run every time, verdicts still hold, a
+//! tool's panic is still its error result, and events still balance.
+
+mod lifecycle_support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use lifecycle_support::{lookup_tools, observed, run_with};
+use tower_agent::event::AgentEvent;
+use tower_agent::hooks::ToolVerdict;
+use tower_agent::lifecycle::{Hook, Middleware, MiddlewareStack};
+use tower_agent::types::{History, Role, ToolCall};
+use tower_agent::{
+    tool_sync, Agent, BoxError, RunContext, RunRequest, ScriptedModel, ScriptedTurn, ToolRouter,
+};
+
+/// Two tool steps, then an answer: each run asks the model three times.
+fn three_turns() -> ScriptedModel {
+    ScriptedModel::from_fn(|request| {
+        let answered = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .count();
+        match answered {
+            0 => ScriptedTurn::tool_calls([
+                ToolCall::new("a", "lookup", r#"{"id": "7"}"#),
+                ToolCall::new("b", "lookup", r#"{"id": "secret"}"#),
+            ]),
+            2 => ScriptedTurn::tool_call("lookup", r#"{"id": "8"}"#),
+            _ => ScriptedTurn::text("done"),
+        }
+    })
+}
+
+fn agent(model: ScriptedModel, tools: ToolRouter) -> Agent {
+    Agent::builder("bare")
+        .model(model)
+        .tools(tools)
+        .build()
+        .unwrap()
+}
+
+/// The text of the tool result for call `id` the model read last.
+fn tool_result(model: &ScriptedModel, id: &str) -> String {
+    let requests = model.requests();
+    let last = requests.last().expect("the model was called");
+    last.messages
+        .iter()
+        .find(|m| m.role == Role::Tool && m.tool_call_id.as_deref() == Some(id))
+        .map(|m| m.text().into_owned())
+        .unwrap_or_else(|| panic!("no result for {id}"))
+}
+
+/// Model and tool calls started as often as they completed.
+fn calls_balance(events: &[AgentEvent]) -> (usize, usize) {
+    let count = |f: fn(&AgentEvent) -> bool| events.iter().filter(|e| f(e)).count();
+    let models = count(|e| matches!(e, AgentEvent::ModelCallStarted { .. }));
+    let tools = count(|e| matches!(e, AgentEvent::ToolCallStarted { .. }));
+    assert_eq!(
+        models,
+        count(|e| matches!(e, AgentEvent::ModelCallCompleted { .. }))
+    );
+    assert_eq!(
+        tools,
+        count(|e| matches!(e, AgentEvent::ToolCallCompleted { .. }))
+    );
+    (models, tools)
+}
+
+#[tokio::test]
+async fn closure_hooks_run_around_calls_made_without_a_frame() {
+    let turns = Arc::new(AtomicUsize::new(0));
+    let counted = turns.clone();
+    let stack = MiddlewareStack::new()
+        .before_model("count", move |_ctx: &RunContext, _: &mut History| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, BoxError>(())
+        })
+        .before_tool("no-secrets", |_ctx: &RunContext, call: &ToolCall| {
+            Ok::<_, BoxError>(if call.arguments.contains("secret") {
+                ToolVerdict::deny("secret ids are not looked up")
+            } else {
+                ToolVerdict::proceed()
+            })
+        })
+        .after_tool("mark", |_ctx, _call, output| {
+            output.content.push_str(" (seen)");
+            Ok::<_, BoxError>(())
+        });
+    let model = three_turns();
+    for run in 1..=2 {
+        let (ctx, sink) = observed();
+        let done = run_with(
+            agent(model.clone(), lookup_tools()),
+            stack.clone(),
+            RunRequest::new("go").context(ctx),
+        )
+        .await
+        .unwrap();
+        assert_eq!(done.output, "done");
+        assert_eq!(
+            turns.load(Ordering::Relaxed),
+            3 * run,
+            "before_model every turn"
+        );
+        assert_eq!(tool_result(&model, "a"), "found 7 (seen)");
+        assert!(
+            tool_result(&model, "b").contains("secret ids are not looked up"),
+            "{}",
+            tool_result(&model, "b")
+        );
+        // The denied call never started.
+        assert_eq!(calls_balance(&sink.events()), (3, 2));
+    }
+}
+
+/// Overrides `before_model` only: from its first run on the stack knows
+/// its `after_model` and wrap hooks are absent.
+struct CountTurns(Arc<AtomicUsize>);
+
+impl Middleware for CountTurns {
+    fn name(&self) -> &str {
+        "count-turns"
+    }
+
+    fn before_model<'a>(&'a self, _: &'a RunContext, _: &'a mut History) -> Hook<'a, ()> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Hook::ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_middleware_seen_without_after_model_keeps_every_turn_and_its_answers() {
+    let turns = Arc::new(AtomicUsize::new(0));
+    let stack = MiddlewareStack::new().push(CountTurns(turns.clone()));
+    let model = three_turns();
+    for run in 1..=3 {
+        let (ctx, sink) = observed();
+        let done = run_with(
+            agent(model.clone(), lookup_tools()),
+            stack.clone(),
+            RunRequest::new("go").context(ctx),
+        )
+        .await
+        .unwrap();
+        assert_eq!(done.output, "done");
+        assert_eq!(turns.load(Ordering::Relaxed), 3 * run);
+        // The answers are in the conversation, each once, in order.
+        let roles: Vec<Role> = done.messages.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [
+                Role::User,
+                Role::Assistant,
+                Role::Tool,
+                Role::Tool,
+                Role::Assistant,
+                Role::Tool,
+                Role::Assistant
+            ]
+        );
+        assert_eq!(done.usage, done.usage_total);
+        assert_eq!(calls_balance(&sink.events()), (3, 3));
+    }
+}
+
+#[tokio::test]
+async fn a_tool_panic_without_a_frame_is_the_models_error_result() {
+    let tools = ToolRouter::new().tool(tool_sync(
+        "lookup",
+        "Panics",
+        |_: lifecycle_support::Lookup| -> Result<String, BoxError> { panic!("index out of range") },
+    ));
+    let stack = MiddlewareStack::new().before_model("noop", |_, _| Ok::<_, BoxError>(()));
+    let model = three_turns();
+    let (ctx, sink) = observed();
+    let done = run_with(
+        agent(model.clone(), tools),
+        stack,
+        RunRequest::new("go").context(ctx),
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.output, "done");
+    let result = tool_result(&model, "a");
+    assert!(result.contains("failed"), "{result}");
+    assert!(!result.contains("index out of range"), "{result}");
+    assert_eq!(calls_balance(&sink.events()), (3, 3));
+}
