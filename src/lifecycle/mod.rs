@@ -27,6 +27,14 @@
 //!   closure, pushed with [`push_model`](MiddlewareStack::push_model) /
 //!   [`push_tool`](MiddlewareStack::push_tool).
 //!
+//! The stack knows a closure's or a wrap-only middleware's hook points from
+//! how it was registered; a type's it learns as the hooks answer. A delta
+//! hook (`on_model_delta`, `on_tool_delta`) is learned only from a delta, so
+//! until a tool streams, each tool call under a type that may override
+//! `on_tool_delta` carries a guard for it. A model or tool call with nothing
+//! of the hooks around it (no wrap hook, no `after_model`, no delta hook
+//! that applies) is made as a run without hooks makes it.
+//!
 //! The stack runs in every run of an agent built with
 //! [`AgentBuilder::middleware`](crate::AgentBuilder::middleware) (the agent
 //! keeps `run`), or of any run service wrapped in a [`LifecycleLayer`].
