@@ -1,5 +1,6 @@
 //! The immutable pieces a [`History`](super::History) is made of.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use sha2::{Digest, Sha256};
@@ -12,19 +13,47 @@ use crate::types::{ContentPart, Message, MessageContent};
 /// from the digest of what precedes it, are valid for all of them.
 pub(super) struct Chunk {
     pub(super) messages: Vec<Message>,
+    /// The summed text size of a prefix, as [`TextSum`]: read and extended
+    /// without a lock (every reader of a shared chunk sums the same
+    /// messages, so a race stores the same value twice).
+    text: AtomicU64,
     cache: Mutex<Cache>,
 }
 
-/// Digests and the text size of the chunk's prefixes, each extended on
-/// demand. The digests, which only layers that key on the conversation ask
-/// for, are on the heap once asked for: every run holds a chunk.
+/// The digests of the chunk's prefixes, extended on demand; on the heap once
+/// asked for (only layers that key on the conversation ask): every run
+/// holds a chunk.
 #[derive(Default)]
 struct Cache {
-    /// How many of the leading messages `text_len` sums.
-    summed: usize,
-    /// The summed [`Message::text_len`] of `messages[..summed]`.
-    text_len: u64,
     digests: Option<Box<Digests>>,
+}
+
+/// How many leading messages a chunk's text sum covers, and the sum, in one
+/// word: the count in the high [`TextSum::COUNT_BITS`] bits.
+#[derive(Clone, Copy)]
+struct TextSum {
+    summed: usize,
+    text_len: u64,
+}
+
+impl TextSum {
+    const COUNT_BITS: u32 = 24;
+    const LEN_BITS: u32 = 64 - Self::COUNT_BITS;
+
+    fn unpack(word: u64) -> Self {
+        Self {
+            summed: (word >> Self::LEN_BITS) as usize,
+            text_len: word & ((1 << Self::LEN_BITS) - 1),
+        }
+    }
+
+    /// The word, unless a part does not fit (a chunk of 16 million
+    /// messages, or a terabyte of text): that sum is not kept.
+    fn pack(self) -> Option<u64> {
+        let fits =
+            (self.summed as u64) < 1 << Self::COUNT_BITS && self.text_len < 1 << Self::LEN_BITS;
+        fits.then(|| ((self.summed as u64) << Self::LEN_BITS) | self.text_len)
+    }
 }
 
 /// The digests of a chunk's prefixes.
@@ -39,6 +68,7 @@ impl Chunk {
     pub(super) fn new(messages: Vec<Message>) -> Self {
         Self {
             messages,
+            text: AtomicU64::new(0),
             cache: Mutex::default(),
         }
     }
@@ -77,20 +107,26 @@ impl Chunk {
 
     /// The summed [`Message::text_len`] of every message of the chunk.
     pub(super) fn text_len(&self) -> u64 {
-        let mut cache = self.cache();
-        let added: u64 = self.messages[cache.summed..]
+        let mut sum = TextSum::unpack(self.text.load(Ordering::Acquire));
+        if sum.summed == self.messages.len() {
+            return sum.text_len;
+        }
+        sum.text_len += self.messages[sum.summed..]
             .iter()
             .map(|m| m.text_len() as u64)
-            .sum();
-        cache.summed = self.messages.len();
-        cache.text_len += added;
-        cache.text_len
+            .sum::<u64>();
+        sum.summed = self.messages.len();
+        if let Some(word) = sum.pack() {
+            self.text.store(word, Ordering::Release);
+        }
+        sum.text_len
     }
 
     /// Mutable messages (the chunk is held by one history only); the cache
     /// is forgotten, since the caller may edit anything.
     pub(super) fn edit(&mut self) -> &mut Vec<Message> {
         *self.cache.get_mut().unwrap_or_else(PoisonError::into_inner) = Cache::default();
+        *self.text.get_mut() = 0;
         &mut self.messages
     }
 
@@ -104,15 +140,18 @@ impl Chunk {
     /// again: a caller that truncates a long thread each run pays for what
     /// it cut only).
     pub(super) fn truncate(&mut self, len: usize) {
-        let cache = self.cache.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if cache.summed > len {
-            let cut: u64 = self.messages[len..cache.summed]
+        let text = self.text.get_mut();
+        let mut sum = TextSum::unpack(*text);
+        if sum.summed > len {
+            let cut: u64 = self.messages[len..sum.summed]
                 .iter()
                 .map(|m| m.text_len() as u64)
                 .sum();
-            cache.summed = len;
-            cache.text_len -= cut;
+            sum.summed = len;
+            sum.text_len -= cut;
+            *text = sum.pack().unwrap_or(0);
         }
+        let cache = self.cache.get_mut().unwrap_or_else(PoisonError::into_inner);
         if let Some(cached) = &mut cache.digests {
             cached.digests.truncate(len);
         }
