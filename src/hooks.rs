@@ -267,7 +267,8 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     /// itself when every wrap hook hands the call on: the walk down the wrap
     /// hooks happens here, at once; call it where the call would be first
     /// polled.
-    fn walk_model(&self, call: ModelCall, next: BoxModel) -> ModelWalk<'_>;
+    /// `ctx` is the run's, which the call carries.
+    fn walk_model(&self, call: ModelCall, next: BoxModel, ctx: &RunContext) -> ModelWalk<'_>;
 
     /// Whether a model call (one that `streams`, or not) has nothing of the
     /// hooks around it: no wrap hook, no delta hook for its stream, no
@@ -320,7 +321,12 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     /// itself when every wrap hook hands the call on: the walk down the wrap
     /// hooks happens here, at once; call it where the call would be first
     /// polled. `next` is cloned only for a wrap hook that may keep it.
-    fn walk_tool(&self, invocation: ToolInvocation, next: &BoxTool) -> ToolWalk<'_>;
+    fn walk_tool(
+        &self,
+        invocation: ToolInvocation,
+        next: &BoxTool,
+        ctx: &RunContext,
+    ) -> ToolWalk<'_>;
 
     /// What a tool call of a [`ToolWalk::Service`], to tool `name` in
     /// `ctx`'s run, answers: what the future [`wrap_tool`](Self::wrap_tool)

@@ -309,6 +309,7 @@ pub(crate) fn tool_walk<'s>(
     mut invocation: ToolInvocation,
     base: &BoxTool,
     home: Option<usize>,
+    ctx: &RunContext,
 ) -> ToolWalk<'s> {
     let failure = tool_guard(stack, &mut invocation);
     let finish = |abort: Option<Arc<dyn CallAbort>>| ToolFinish { home, abort };
@@ -319,9 +320,8 @@ pub(crate) fn tool_walk<'s>(
             finish: finish(failure.map(|g| g as Arc<dyn CallAbort>)),
         };
     }
-    let ctx = invocation.context.clone();
     let next = Next::chain(stack.entries.clone(), base.clone(), home);
-    let fut = match step(Some(&stack.entries), next, invocation) {
+    let fut = match step(Some(&stack.entries), next, invocation, Some(ctx)) {
         Step::Innermost(service, invocation, _) => {
             return ToolWalk::Service {
                 service: Some(service),
@@ -334,7 +334,7 @@ pub(crate) fn tool_walk<'s>(
             Err(err) => Either::Right(std::future::ready(Err(err))),
         },
     };
-    ToolWalk::Future(HookFuture::new(noted(fut, failure, ctx, home)))
+    ToolWalk::Future(HookFuture::new(noted(fut, failure, ctx.clone(), home)))
 }
 
 /// The delta hooks' sink of a tool call through `stack`, put in

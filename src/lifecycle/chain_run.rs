@@ -84,7 +84,7 @@ impl<'a, Req: WrapRequest> Future for ChainRun<'a, Req> {
         if let ChainRun::Start { chain, start } = this {
             let chain: &'a Arc<[Entry]> = chain;
             let (next, req) = start.take().expect("ChainRun polled after completion");
-            *this = match ChainRun::after(step(Some(chain), next, req)) {
+            *this = match ChainRun::after(step(Some(chain), next, req, None)) {
                 Ok(run) => run,
                 Err(err) => {
                     *this = ChainRun::Finished;

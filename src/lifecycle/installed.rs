@@ -228,8 +228,8 @@ impl HookPort for InstalledHooks {
         }
     }
 
-    fn walk_model(&self, call: ModelCall, next: BoxModel) -> ModelWalk<'_> {
-        self.walk_model_here(call, next)
+    fn walk_model(&self, call: ModelCall, next: BoxModel, ctx: &RunContext) -> ModelWalk<'_> {
+        self.walk_model_here(call, next, ctx)
     }
 
     fn bare_model_call(&self, streams: bool) -> bool {
@@ -373,8 +373,13 @@ impl HookPort for InstalledHooks {
         }
     }
 
-    fn walk_tool(&self, invocation: ToolInvocation, next: &BoxTool) -> ToolWalk<'_> {
-        self.walk_tool_here(invocation, next)
+    fn walk_tool(
+        &self,
+        invocation: ToolInvocation,
+        next: &BoxTool,
+        ctx: &RunContext,
+    ) -> ToolWalk<'_> {
+        self.walk_tool_here(invocation, next, ctx)
     }
 
     fn finish_tool(

@@ -1,6 +1,7 @@
 //! [`Next`]: the rest of the stack below a wrap hook, and the driver that
 //! walks the wrap chain to the service below it.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -257,7 +258,7 @@ async fn walk<Req: WrapRequest>(next: Next<Req>, req: Req) -> Walked<Req> {
     // The chain lives here while its middleware's future borrows it.
     let chain = next.chain.clone();
     // Only what is awaited below lives across the await.
-    let hooked = match step(chain.as_ref(), next, req) {
+    let hooked = match step(chain.as_ref(), next, req, None) {
         Step::Innermost(service, req, recover) => return Walked::Innermost(service, req, recover),
         Step::Failed(err) => return Walked::Done(Err(err)),
         Step::Elsewhere(next, req) => {
@@ -284,14 +285,20 @@ async fn walk<Req: WrapRequest>(next: Next<Req>, req: Req) -> Walked<Req> {
 /// The synchronous part of a walk: each wrap hook that hands the request on
 /// is called here, with no future and nothing shared cloned for it. One
 /// `catch_unwind` guards the whole walk: a panic is attributed to the
-/// middleware being called when it struck.
+/// middleware being called when it struck. `run`, the context of the run
+/// the request belongs to when the caller has it, is borrowed rather than
+/// cloned while the request keeps it.
 pub(super) fn step<'e, Req: WrapRequest>(
     chain: Option<&'e Arc<[Entry]>>,
     next: Next<Req>,
     req: Req,
+    run: Option<&RunContext>,
 ) -> Step<'e, Req> {
     // The context of the request the current middleware is handed.
-    let mut ctx = req.context().clone();
+    let mut ctx = match run {
+        Some(run) if req.context().same_run(run) => Cow::Borrowed(run),
+        _ => Cow::Owned(req.context().clone()),
+    };
     // The middleware being called, and the home of its chain.
     let mut calling = None;
     match catch_unwind(AssertUnwindSafe(|| {
@@ -319,7 +326,7 @@ fn walk_chain<'e, Req: WrapRequest>(
     chain: Option<&'e Arc<[Entry]>>,
     mut next: Next<Req>,
     mut req: Req,
-    ctx: &mut RunContext,
+    ctx: &mut Cow<'_, RunContext>,
     calling: &mut Option<(&'e Entry, Option<usize>)>,
 ) -> Step<'e, Req> {
     let hook = Req::wrap_hook();
@@ -360,7 +367,7 @@ fn walk_chain<'e, Req: WrapRequest>(
             return Step::Innermost(service, req, recover);
         };
         if !req.context().same_run(ctx) {
-            *ctx = req.context().clone();
+            *ctx = Cow::Owned(req.context().clone());
         }
         // The same `next`, one further down, handed what `req` is now.
         next.index = at + 1;
@@ -390,7 +397,7 @@ fn walk_chain<'e, Req: WrapRequest>(
                 // The middleware holds the rest of the stack now.
                 return Step::Hooked {
                     entry,
-                    ctx: ctx.clone(),
+                    ctx: ctx.clone().into_owned(),
                     home,
                     future,
                 };

@@ -15,7 +15,12 @@ use crate::request::{BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput};
 
 impl InstalledHooks {
     /// The walk of [`HookPort::walk_model`].
-    pub(super) fn walk_model_here(&self, call: ModelCall, next: BoxModel) -> ModelWalk<'_> {
+    pub(super) fn walk_model_here(
+        &self,
+        call: ModelCall,
+        next: BoxModel,
+        ctx: &RunContext,
+    ) -> ModelWalk<'_> {
         let streams = call.stream.is_some();
         let own = self.stack.wraps_model(streams);
         let service = |service, call, guarded| ModelWalk::Service {
@@ -25,7 +30,7 @@ impl InstalledHooks {
         };
         match &self.outer {
             None if !own => service(next, call, false),
-            Some(outer) if !own => outer.walk_model(call, next),
+            Some(outer) if !own => outer.walk_model(call, next, ctx),
             // Delta hooks race the call, and an outer frame wraps this one.
             Some(_) => ModelWalk::Future(self.wrap_model(call, next)),
             None if streams && self.stack.has(HookPoint::OnModelDelta) => {
@@ -35,7 +40,7 @@ impl InstalledHooks {
             None => {
                 let entries = &self.stack.entries;
                 let next = Next::chain(entries.clone(), next, Some(self.depth));
-                match step(Some(entries), next, call) {
+                match step(Some(entries), next, call, Some(ctx)) {
                     Step::Innermost(next, call, _) => service(next, call, true),
                     step => ModelWalk::Future(match ChainRun::after(step) {
                         Ok(run) => Box::pin(run),
@@ -51,6 +56,7 @@ impl InstalledHooks {
         &self,
         invocation: ToolInvocation,
         next: &BoxTool,
+        ctx: &RunContext,
     ) -> ToolWalk<'_> {
         let own = self.stack.wraps_tool();
         match &self.outer {
@@ -59,8 +65,8 @@ impl InstalledHooks {
                 invocation,
                 finish: ToolFinish::plain(),
             },
-            None => tool_walk(&self.stack, invocation, next, Some(self.depth)),
-            Some(outer) if !own => outer.walk_tool(invocation, next),
+            None => tool_walk(&self.stack, invocation, next, Some(self.depth), ctx),
+            Some(outer) if !own => outer.walk_tool(invocation, next, ctx),
             Some(_) => ToolWalk::Future(self.wrap_tool(invocation, next.clone())),
         }
     }

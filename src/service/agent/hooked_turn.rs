@@ -24,6 +24,8 @@ use crate::types::{ModelName, ModelResponse, ToolCall};
 /// model stack back, unless a wrap hook kept it.
 pub(super) struct HookedCall<'a> {
     hooks: &'a dyn HookPort,
+    /// The run's context, which the call carries.
+    ctx: &'a RunContext,
     state: State<'a>,
 }
 
@@ -54,10 +56,16 @@ impl Calling {
 }
 
 impl<'a> HookedCall<'a> {
-    /// `call` to `model` through `hooks`.
-    pub(super) fn new(hooks: &'a dyn HookPort, call: ModelCall, model: BoxModel) -> Self {
+    /// `call` in `ctx`'s run to `model` through `hooks`.
+    pub(super) fn new(
+        hooks: &'a dyn HookPort,
+        ctx: &'a RunContext,
+        call: ModelCall,
+        model: BoxModel,
+    ) -> Self {
         Self {
             hooks,
+            ctx,
             state: State::Start(call, model),
         }
     }
@@ -81,7 +89,7 @@ impl Future for HookedCall<'_> {
             let State::Start(call, model) = std::mem::replace(&mut this.state, State::Taken) else {
                 unreachable!("checked above");
             };
-            this.state = match this.hooks.walk_model(call, model) {
+            this.state = match this.hooks.walk_model(call, model, this.ctx) {
                 ModelWalk::Service {
                     service,
                     call,
@@ -199,7 +207,7 @@ impl Future for HookedToolCall<'_> {
             else {
                 unreachable!("checked above");
             };
-            this.state = match this.hooks.walk_tool(invocation, this.tools) {
+            this.state = match this.hooks.walk_tool(invocation, this.tools, this.ctx) {
                 ToolWalk::Service {
                     service,
                     invocation,
