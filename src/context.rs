@@ -39,6 +39,10 @@ use crate::error::{AgentError, TimeoutSource};
 use crate::event::{AgentEvent, EventSink, NoopSink};
 use crate::types::{Cost, History, ModelName, PriceTable, StopReason, Usage};
 
+mod ledger;
+
+use ledger::Ledger;
+
 /// One entry of the usage ledger: one model call that reached a backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageEntry {
@@ -53,18 +57,6 @@ pub struct UsageEntry {
     /// Its price, when the run has a price table
     /// ([`set_prices`](RunContext::set_prices)) that knows the model.
     pub cost: Option<Cost>,
-}
-
-#[derive(Debug, Default)]
-struct Ledger {
-    /// What [`RunContext::set_prices`] set: kept with the figures it prices
-    /// (a run that prices nothing holds no room for it).
-    prices: Option<Arc<PriceTable>>,
-    own: Usage,
-    total: Usage,
-    own_cost: Option<Cost>,
-    total_cost: Option<Cost>,
-    entries: Vec<UsageEntry>,
 }
 
 /// The run's handle: ids, turn, cancellation, deadline, shared state, usage
@@ -202,19 +194,6 @@ fn with_ledger<R>(ctx: &RunContext, f: impl FnOnce(&mut Ledger) -> R) -> R {
     f(ctx.shared().ledger.get_or_insert_with(Box::default))
 }
 
-/// Adds a call's `entry` to the total of `ledger`.
-fn add_to_total(ledger: &mut Ledger, entry: UsageEntry) {
-    ledger.total += entry.usage;
-    if let Some(cost) = entry.cost {
-        *ledger.total_cost.get_or_insert(Cost::ZERO) += cost;
-    }
-    // Room for four entries at once: a run that makes a second call would
-    // otherwise move the first into a new room (the allocator's costliest
-    // way to grow a block), and a run waiting on its first answer holds
-    // no ledger yet.
-    ledger.entries.push(entry);
-}
-
 /// A fresh, random run id such as `run_3f9a0c1b2d4e5f60`.
 pub fn new_run_id() -> Arc<str> {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -249,10 +228,9 @@ impl RunContext {
         };
         let shared = Shared {
             ledger: prices.map(|prices| {
-                Box::new(Ledger {
-                    prices: Some(prices),
-                    ..Ledger::default()
-                })
+                let mut ledger = Box::<Ledger>::default();
+                ledger.prices = Some(prices);
+                ledger
             }),
             // The hook points ride in the rare parts: a child of a hooked
             // run has them from the start.
@@ -450,32 +428,19 @@ impl RunContext {
     /// [`record_usage`](Self::record_usage) of a name already shared: its
     /// entries share it too.
     pub(crate) fn record_usage_of(&self, model: &ModelName, usage: Usage) {
-        let run_id = self.run_id().clone();
-        let mut entry = None;
         // This run's own figures, its total and its entry, in one lock; the
-        // entry moves into the last ledger it goes to, and is copied only
-        // for the runs this one is nested in.
-        let cost = {
+        // entry is made (its names shared) only for the runs this one is
+        // nested in.
+        let (cost, agent) = {
             let mut shared = self.shared();
-            let agent = shared.agent_name.clone();
-            let ledger = shared.ledger.get_or_insert_with(Box::default);
+            let Shared {
+                agent_name, ledger, ..
+            } = &mut *shared;
+            let ledger = ledger.get_or_insert_with(Box::default);
             let cost = ledger.prices.as_ref().and_then(|p| p.cost(model, &usage));
-            ledger.own += usage;
-            if let Some(cost) = cost {
-                *ledger.own_cost.get_or_insert(Cost::ZERO) += cost;
-            }
-            let own = UsageEntry {
-                run_id,
-                agent,
-                model: model.clone(),
-                usage,
-                cost,
-            };
-            if self.parent().is_some() {
-                entry = Some(own.clone());
-            }
-            add_to_total(ledger, own);
-            cost
+            ledger.add_own(agent_name.as_ref(), model, usage, cost);
+            let agent = self.parent().and_then(|_| agent_name.clone());
+            (cost, agent)
         };
         if let Some(cost) = cost {
             self.emit(|| AgentEvent::CostRecorded {
@@ -485,14 +450,19 @@ impl RunContext {
                 cost,
             });
         }
-        let mut ctx = self.parent();
-        while let Some(c) = ctx {
-            ctx = c.parent();
-            let Some(kept) = entry.take() else { break };
-            if ctx.is_some() {
-                entry = Some(kept.clone());
+        if let Some(parent) = self.parent() {
+            let entry = UsageEntry {
+                run_id: self.run_id().clone(),
+                agent,
+                model: model.clone(),
+                usage,
+                cost,
+            };
+            let mut ctx = Some(parent);
+            while let Some(c) = ctx {
+                with_ledger(c, |ledger| ledger.add_nested(&entry));
+                ctx = c.parent();
             }
-            with_ledger(c, |ledger| add_to_total(ledger, kept));
         }
     }
 
@@ -555,7 +525,8 @@ impl RunContext {
     /// One entry per model call of this run and the runs nested in it, in
     /// the order they were recorded.
     pub fn usage_entries(&self) -> Vec<UsageEntry> {
-        self.read_ledger(|l| l.entries.clone()).unwrap_or_default()
+        let own = self.run_id();
+        self.read_ledger(|l| l.entries(own)).unwrap_or_default()
     }
 
     /// The event sink.
