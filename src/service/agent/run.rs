@@ -126,7 +126,11 @@ where
             *this.begun = true;
             ctx.set_agent_name(agent);
             *this.observer = Some(RunObserver::open(ctx, agent));
-            *this.opened = installed(ctx);
+            // A run a lifecycle layer brackets (marked before it starts) is
+            // closed by the layer: its hooks are not kept for closing.
+            if !ctx.is_bracketed() {
+                *this.opened = installed(ctx);
+            }
         }
         let result = {
             let unwinding = OnUnwind {
