@@ -530,7 +530,7 @@ impl AgentMiddleware {
         request: RunRequest,
         run: BoxAgent,
     ) -> BoxFuture<'static, Result<AgentRun, AgentError>> {
-        self.0.run(request, run)
+        self.0.clone().run(request, run)
     }
 }
 
@@ -544,7 +544,7 @@ impl fmt::Debug for AgentMiddleware {
 pub(crate) trait RunBracket: Send + Sync + 'static {
     /// Runs `request` on `run`, bracketed.
     fn run(
-        &self,
+        self: Arc<Self>,
         request: RunRequest,
         run: BoxAgent,
     ) -> BoxFuture<'static, Result<AgentRun, AgentError>>;

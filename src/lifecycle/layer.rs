@@ -114,7 +114,7 @@ impl<S> Layer<S> for LifecycleLayer {
     fn layer(&self, inner: S) -> Lifecycle<S> {
         Lifecycle {
             inner,
-            layer: self.clone(),
+            layer: Arc::new(self.clone()),
             own: false,
         }
     }
@@ -125,7 +125,8 @@ impl<S> Layer<S> for LifecycleLayer {
 #[derive(Clone)]
 pub struct Lifecycle<S> {
     inner: S,
-    layer: LifecycleLayer,
+    /// Shared: a clone of the service (one a run) is one reference count.
+    layer: Arc<LifecycleLayer>,
     /// The agent's own middleware ([`AgentMiddleware`]): its built-ins are
     /// the agent's too, and go with it when the run is handed over.
     own: bool,
@@ -322,12 +323,15 @@ where
 
 impl RunBracket for LifecycleLayer {
     fn run(
-        &self,
+        self: Arc<Self>,
         request: RunRequest,
         run: BoxAgent,
     ) -> BoxFuture<'static, Result<AgentRun, AgentError>> {
-        let mut service = self.layer(run);
-        service.own = true;
+        let service = Lifecycle {
+            inner: run,
+            layer: self,
+            own: true,
+        };
         Box::pin(service.oneshot(request))
     }
 
