@@ -52,7 +52,7 @@ impl TextSum {
     fn pack(self) -> Option<u64> {
         let fits =
             (self.summed as u64) < 1 << Self::COUNT_BITS && self.text_len < 1 << Self::LEN_BITS;
-        fits.then(|| ((self.summed as u64) << Self::LEN_BITS) | self.text_len)
+        fits.then_some(((self.summed as u64) << Self::LEN_BITS) | self.text_len)
     }
 }
 
