@@ -15,7 +15,8 @@ use tower_agent::hooks::ToolVerdict;
 use tower_agent::lifecycle::{Hook, Middleware, MiddlewareStack};
 use tower_agent::types::{History, Role, ToolCall};
 use tower_agent::{
-    tool_sync, Agent, BoxError, RunContext, RunRequest, ScriptedModel, ScriptedTurn, ToolRouter,
+    tool_sync, Agent, AgentRun, BoxError, RunContext, RunRequest, ScriptedModel, ScriptedTurn,
+    ToolRouter,
 };
 
 /// Two tool steps, then an answer: each run asks the model three times.
@@ -56,6 +57,23 @@ fn tool_result(model: &ScriptedModel, id: &str) -> String {
         .unwrap_or_else(|| panic!("no result for {id}"))
 }
 
+/// One run of `model` with `tools` under `stack`, and its events.
+async fn observed_run(
+    model: &ScriptedModel,
+    tools: ToolRouter,
+    stack: &MiddlewareStack,
+) -> (AgentRun, Vec<AgentEvent>) {
+    let (ctx, sink) = observed();
+    let done = run_with(
+        agent(model.clone(), tools),
+        stack.clone(),
+        RunRequest::new("go").context(ctx),
+    )
+    .await
+    .unwrap();
+    (done, sink.events())
+}
+
 /// Model and tool calls started as often as they completed.
 fn calls_balance(events: &[AgentEvent]) -> (usize, usize) {
     let count = |f: fn(&AgentEvent) -> bool| events.iter().filter(|e| f(e)).count();
@@ -94,14 +112,7 @@ async fn closure_hooks_run_around_calls_made_without_a_frame() {
         });
     let model = three_turns();
     for run in 1..=2 {
-        let (ctx, sink) = observed();
-        let done = run_with(
-            agent(model.clone(), lookup_tools()),
-            stack.clone(),
-            RunRequest::new("go").context(ctx),
-        )
-        .await
-        .unwrap();
+        let (done, events) = observed_run(&model, lookup_tools(), &stack).await;
         assert_eq!(done.output, "done");
         assert_eq!(
             turns.load(Ordering::Relaxed),
@@ -115,7 +126,7 @@ async fn closure_hooks_run_around_calls_made_without_a_frame() {
             tool_result(&model, "b")
         );
         // The denied call never started.
-        assert_eq!(calls_balance(&sink.events()), (3, 2));
+        assert_eq!(calls_balance(&events), (3, 2));
     }
 }
 
@@ -140,14 +151,7 @@ async fn a_middleware_seen_without_after_model_keeps_every_turn_and_its_answers(
     let stack = MiddlewareStack::new().push(CountTurns(turns.clone()));
     let model = three_turns();
     for run in 1..=3 {
-        let (ctx, sink) = observed();
-        let done = run_with(
-            agent(model.clone(), lookup_tools()),
-            stack.clone(),
-            RunRequest::new("go").context(ctx),
-        )
-        .await
-        .unwrap();
+        let (done, events) = observed_run(&model, lookup_tools(), &stack).await;
         assert_eq!(done.output, "done");
         assert_eq!(turns.load(Ordering::Relaxed), 3 * run);
         // The answers are in the conversation, each once, in order.
@@ -165,7 +169,7 @@ async fn a_middleware_seen_without_after_model_keeps_every_turn_and_its_answers(
             ]
         );
         assert_eq!(done.usage, done.usage_total);
-        assert_eq!(calls_balance(&sink.events()), (3, 3));
+        assert_eq!(calls_balance(&events), (3, 3));
     }
 }
 
@@ -178,17 +182,10 @@ async fn a_tool_panic_without_a_frame_is_the_models_error_result() {
     ));
     let stack = MiddlewareStack::new().before_model("noop", |_, _| Ok::<_, BoxError>(()));
     let model = three_turns();
-    let (ctx, sink) = observed();
-    let done = run_with(
-        agent(model.clone(), tools),
-        stack,
-        RunRequest::new("go").context(ctx),
-    )
-    .await
-    .unwrap();
+    let (done, events) = observed_run(&model, tools, &stack).await;
     assert_eq!(done.output, "done");
     let result = tool_result(&model, "a");
     assert!(result.contains("failed"), "{result}");
     assert!(!result.contains("index out of range"), "{result}");
-    assert_eq!(calls_balance(&sink.events()), (3, 3));
+    assert_eq!(calls_balance(&events), (3, 3));
 }
