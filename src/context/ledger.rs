@@ -74,7 +74,8 @@ impl<T: AsRef<str> + Clone> NameList<T> {
         }
     }
 
-    /// The index of `name`, kept first if it is not among the last few.
+    /// The index of `name`: the first name, or one of the last few, or
+    /// kept now.
     #[inline]
     fn index_of(&mut self, name: &T) -> u32 {
         let wanted = name.as_ref();
@@ -82,18 +83,16 @@ impl<T: AsRef<str> + Clone> NameList<T> {
             let kept = kept.as_ref();
             std::ptr::eq(kept, wanted) || kept == wanted
         };
-        match &self.first {
-            None => {
-                self.first = Some(name.clone());
-                return 0;
-            }
-            Some(first) if self.rest.is_empty() && same(first) => return 0,
-            Some(_) => {}
+        let Some(first) = &self.first else {
+            self.first = Some(name.clone());
+            return 0;
+        };
+        if same(first) {
+            return 0;
         }
         let from = self.rest.len().saturating_sub(LOOK_BACK);
         let at = match self.rest[from..].iter().rposition(same) {
             Some(at) => from + at + 1,
-            None if self.first.as_ref().is_some_and(same) => 0,
             None => {
                 self.rest.push(name.clone());
                 self.rest.len()
