@@ -272,8 +272,8 @@ pub(crate) trait HookPort: Send + Sync + 'static {
 
     /// Whether a model call (one that `streams`, or not) has nothing of the
     /// hooks around it: no wrap hook, no delta hook for its stream, no
-    /// `after_model`. The loop then calls the model as a run without hooks
-    /// does, appending its answer in place.
+    /// `after_model`, and its stream is not held. The loop then calls the
+    /// model as a run without hooks does, appending its answer in place.
     fn bare_model_call(&self, streams: bool) -> bool;
 
     /// Whether a tool call has nothing of the hooks around it: no wrap

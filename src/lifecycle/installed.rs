@@ -233,7 +233,8 @@ impl HookPort for InstalledHooks {
     }
 
     fn bare_model_call(&self, streams: bool) -> bool {
-        !self.stack.wraps_model(streams)
+        !(streams && self.holds_stream)
+            && !self.stack.wraps_model(streams)
             && !self.stack.has(HookPoint::AfterModel)
             && self
                 .outer

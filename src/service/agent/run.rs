@@ -487,8 +487,7 @@ impl Run {
         if let Some(hooks) = &self.hooks {
             // Nothing of the hooks around this call (a stack whose
             // middleware only see the turn before it): the bare turn.
-            let streams = self.stream.is_some();
-            if !hooks.bare_model_call(streams) || (streams && hooks.holds_stream()) {
+            if !hooks.bare_model_call(self.stream.is_some()) {
                 return Either::Right(Box::pin(self.hooked_turn(turn)));
             }
         }
