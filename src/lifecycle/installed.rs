@@ -233,7 +233,10 @@ impl HookPort for InstalledHooks {
     }
 
     fn bare_model_call(&self, streams: bool) -> bool {
-        !(streams && self.holds_stream)
+        // A held stream goes to the caller only once the hooks passed the
+        // answer: that frames the call too.
+        let held = streams && self.holds_stream;
+        !held
             && !self.stack.wraps_model(streams)
             && !self.stack.has(HookPoint::AfterModel)
             && self
