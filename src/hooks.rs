@@ -276,10 +276,11 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     /// model as a run without hooks does, appending its answer in place.
     fn bare_model_call(&self, streams: bool) -> bool;
 
-    /// Whether a tool call has nothing of the hooks around it: no wrap
-    /// hook, no delta hook. The loop then calls the tool stack as a run
+    /// Whether a tool call (to a tool stack that `streams` its progress,
+    /// or not) has nothing of the hooks around it: no wrap hook, no delta
+    /// hook for its stream. The loop then calls the tool stack as a run
     /// without hooks does (its `before_tool` and `after_tool` still run).
-    fn bare_tool_call(&self) -> bool;
+    fn bare_tool_call(&self, streams: bool) -> bool;
 
     /// What the answer of the model called for a guarded
     /// [`ModelWalk::Service`] becomes (`answer` caught its panic): what the
@@ -320,11 +321,13 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     /// [`wrap_tool`](Self::wrap_tool) for a caller that calls the tool stack
     /// itself when every wrap hook hands the call on: the walk down the wrap
     /// hooks happens here, at once; call it where the call would be first
-    /// polled. `next` is cloned only for a wrap hook that may keep it.
+    /// polled. `next` is cloned only for a wrap hook that may keep it; the
+    /// delta hooks get a sink on the call only when `next` `streams`.
     fn walk_tool(
         &self,
         invocation: ToolInvocation,
         next: &BoxTool,
+        streams: bool,
         ctx: &RunContext,
     ) -> ToolWalk<'_>;
 

@@ -260,6 +260,67 @@ async fn on_tool_delta_sees_a_tool_progress() {
     );
 }
 
+/// A tool that says whether it was handed a sink for its progress.
+fn sink_probe() -> ToolDef {
+    let service = tower::service_fn(|invocation: ToolInvocation| async move {
+        Ok::<_, BoxError>(ToolOutput::text(match invocation.stream {
+            Some(_) => "sink",
+            None => "no sink",
+        }))
+    });
+    ToolDef::new(
+        ToolSpec::new("probe", "Probes", json!({"type": "object"})),
+        service,
+    )
+}
+
+/// The tool results of a run of `tools` called in turn, under a stack
+/// with a delta hook.
+async fn results_with_delta_hook(router: ToolRouter, calls: &[&str]) -> Vec<String> {
+    let mut turns: Vec<ScriptedTurn> = calls
+        .iter()
+        .map(|name| ScriptedTurn::tool_call(*name, "{}"))
+        .collect();
+    turns.push(ScriptedTurn::text("done"));
+    let agent = Agent::builder("a")
+        .model(ScriptedModel::new(turns))
+        .tools(router)
+        .build()
+        .unwrap();
+    let run = run_with(
+        agent,
+        MiddlewareStack::new().push(Progress(Arc::default())),
+        RunRequest::new("q"),
+    )
+    .await
+    .unwrap();
+    run.messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| m.text().into_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_tool_that_may_stream_gets_the_delta_hooks_sink_and_one_that_cannot_does_not() {
+    // Any tool service may stream: it gets the sink even in a run nobody
+    // streams, and a `tool_fn` beside it changes nothing.
+    let quiet = tower_agent::tool_sync("quiet", "Says nothing", |_: serde_json::Value| {
+        Ok::<_, BoxError>("ok")
+    });
+    let both = ToolRouter::new().tool(sink_probe()).tool(quiet.clone());
+    assert_eq!(
+        results_with_delta_hook(both, &["probe", "quiet"]).await,
+        ["sink", "ok"]
+    );
+    // A service that declares it sends no progress is handed none to send on.
+    let declared = ToolRouter::new().tool(sink_probe().streams(false)).tool(quiet);
+    assert_eq!(
+        results_with_delta_hook(declared, &["probe", "quiet"]).await,
+        ["no sink", "ok"]
+    );
+}
+
 /// `Next` drives `poll_ready` on what it calls: `ConcurrencyLimit` panics
 /// when called without it. A cloned `Next` retries.
 #[tokio::test]

@@ -308,10 +308,16 @@ pub(crate) fn tool_walk<'s>(
     stack: &'s Arc<CompiledStack>,
     mut invocation: ToolInvocation,
     base: &BoxTool,
+    streams: bool,
     home: Option<usize>,
     ctx: &RunContext,
 ) -> ToolWalk<'s> {
-    let failure = tool_guard(stack, &mut invocation);
+    // A tool that sends no progress needs no sink for the delta hooks.
+    let failure = if streams {
+        tool_guard(stack, &mut invocation)
+    } else {
+        None
+    };
     let finish = |abort: Option<Arc<dyn CallAbort>>| ToolFinish { home, abort };
     if !stack.has(HookPoint::WrapTool) {
         return ToolWalk::Service {

@@ -245,12 +245,12 @@ impl HookPort for InstalledHooks {
                 .is_none_or(|outer| outer.bare_model_call(streams))
     }
 
-    fn bare_tool_call(&self) -> bool {
-        !self.stack.wraps_tool()
+    fn bare_tool_call(&self, streams: bool) -> bool {
+        !self.stack.wraps_tool(streams)
             && self
                 .outer
                 .as_ref()
-                .is_none_or(|outer| outer.bare_tool_call())
+                .is_none_or(|outer| outer.bare_tool_call(streams))
     }
 
     fn model_answer(
@@ -360,7 +360,7 @@ impl HookPort for InstalledHooks {
     }
 
     fn wrap_tool(&self, invocation: ToolInvocation, next: BoxTool) -> HookFuture<'_, ToolOutput> {
-        let own = self.stack.wraps_tool();
+        let own = self.stack.wraps_tool(true);
         let home = Some(self.depth);
         match &self.outer {
             None if !own => HookFuture::new(next.oneshot(invocation)),
@@ -381,9 +381,10 @@ impl HookPort for InstalledHooks {
         &self,
         invocation: ToolInvocation,
         next: &BoxTool,
+        streams: bool,
         ctx: &RunContext,
     ) -> ToolWalk<'_> {
-        self.walk_tool_here(invocation, next, ctx)
+        self.walk_tool_here(invocation, next, streams, ctx)
     }
 
     fn finish_tool(

@@ -338,9 +338,15 @@ impl CompiledStack {
         self.may() & (HookPoint::WrapModel.bit() | delta) != 0
     }
 
-    /// Whether the tool call needs this stack.
-    pub(crate) fn wraps_tool(&self) -> bool {
-        self.may() & (HookPoint::WrapTool.bit() | HookPoint::OnToolDelta.bit()) != 0
+    /// Whether a call to a tool stack that `streams` its progress (or not)
+    /// needs this stack.
+    pub(crate) fn wraps_tool(&self, streams: bool) -> bool {
+        let delta = if streams {
+            HookPoint::OnToolDelta.bit()
+        } else {
+            0
+        };
+        self.may() & (HookPoint::WrapTool.bit() | delta) != 0
     }
 }
 

@@ -26,6 +26,11 @@ pub struct ToolDef {
     /// Whether it only reads (changes nothing): a tool policy's rules can
     /// match on it.
     pub read_only: bool,
+    /// Whether it may send progress on [`ToolInvocation::stream`]: `true`
+    /// for any service, `false` for a [`tool_fn`](crate::tool_fn) tool,
+    /// which has no sink to send on. A run builds the sink that runs the
+    /// delta hooks (`on_tool_delta`) only when one of its tools may stream.
+    pub streams: bool,
     /// The service.
     pub service: BoxTool,
 }
@@ -43,6 +48,7 @@ impl ToolDef {
             idempotent: false,
             requires_approval: false,
             read_only: false,
+            streams: true,
             service: box_tool(service),
         }
     }
@@ -71,6 +77,12 @@ impl ToolDef {
     /// Marks it read-only: it changes nothing.
     pub fn read_only(mut self) -> Self {
         self.read_only = true;
+        self
+    }
+
+    /// Says whether it may send progress on [`ToolInvocation::stream`].
+    pub fn streams(mut self, streams: bool) -> Self {
+        self.streams = streams;
         self
     }
 }
@@ -159,6 +171,7 @@ impl fmt::Debug for ToolDef {
             .field("idempotent", &self.idempotent)
             .field("requires_approval", &self.requires_approval)
             .field("read_only", &self.read_only)
+            .field("streams", &self.streams)
             .finish_non_exhaustive()
     }
 }
@@ -175,6 +188,7 @@ impl From<FnTool> for ToolDef {
             idempotent,
             requires_approval,
             read_only,
+            streams: false,
             ..ToolDef::new(spec, tool)
         }
     }
@@ -317,6 +331,12 @@ impl ToolRouter {
     /// Whether it has no tools.
     pub fn is_empty(&self) -> bool {
         self.table.tools.is_empty()
+    }
+
+    /// Whether a tool it routes to may stream its progress: one of its own
+    /// that [`streams`](ToolDef::streams), or any a source holds.
+    pub(crate) fn may_stream(&self) -> bool {
+        !self.table.sources.is_empty() || self.table.tools.values().any(|e| e.def.streams)
     }
 
     /// The tool `invocation` goes to, or the router's own answer when it

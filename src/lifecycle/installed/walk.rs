@@ -56,17 +56,18 @@ impl InstalledHooks {
         &self,
         invocation: ToolInvocation,
         next: &BoxTool,
+        streams: bool,
         ctx: &RunContext,
     ) -> ToolWalk<'_> {
-        let own = self.stack.wraps_tool();
+        let own = self.stack.wraps_tool(streams);
         match &self.outer {
             None if !own => ToolWalk::Service {
                 service: None,
                 invocation,
                 finish: ToolFinish::plain(),
             },
-            None => tool_walk(&self.stack, invocation, next, Some(self.depth), ctx),
-            Some(outer) if !own => outer.walk_tool(invocation, next, ctx),
+            None => tool_walk(&self.stack, invocation, next, streams, Some(self.depth), ctx),
+            Some(outer) if !own => outer.walk_tool(invocation, next, streams, ctx),
             Some(_) => ToolWalk::Future(self.wrap_tool(invocation, next.clone())),
         }
     }

@@ -150,6 +150,8 @@ pub(super) struct HookedToolCall<'a> {
     tools: &'a BoxTool,
     /// The router, when the tool stack is the router alone.
     router: Option<&'a ToolRouter>,
+    /// Whether the tool stack may stream its progress.
+    streams: bool,
     state: ToolState<'a>,
 }
 
@@ -177,7 +179,8 @@ enum Calling {
 
 impl<'a> HookedToolCall<'a> {
     /// `invocation` of `call` in `ctx`'s run, to `tools` through `hooks`;
-    /// `router` is `tools` unwrapped, when no layer wraps it.
+    /// `router` is `tools` unwrapped, when no layer wraps it; `streams`,
+    /// whether `tools` may stream progress.
     pub(super) fn new(
         hooks: &'a dyn HookPort,
         ctx: &'a RunContext,
@@ -185,6 +188,7 @@ impl<'a> HookedToolCall<'a> {
         invocation: ToolInvocation,
         tools: &'a BoxTool,
         router: Option<&'a ToolRouter>,
+        streams: bool,
     ) -> Self {
         Self {
             hooks,
@@ -192,6 +196,7 @@ impl<'a> HookedToolCall<'a> {
             call,
             tools,
             router,
+            streams,
             state: ToolState::Start(invocation),
         }
     }
@@ -207,7 +212,7 @@ impl Future for HookedToolCall<'_> {
             else {
                 unreachable!("checked above");
             };
-            this.state = match this.hooks.walk_tool(invocation, this.tools, this.ctx) {
+            this.state = match this.hooks.walk_tool(invocation, this.tools, this.streams, this.ctx) {
                 ToolWalk::Service {
                     service,
                     invocation,

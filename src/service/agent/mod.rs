@@ -62,6 +62,9 @@ pub(crate) struct Config {
     /// The router itself when no tool layer wraps it: a run without hooks
     /// calls it directly, with no boxed clone and no boxed future per call.
     pub(crate) router: Option<ToolRouter>,
+    /// Whether a tool may stream its progress (any may, behind a tool
+    /// layer): only then does a tool call get the delta hooks' sink.
+    pub(crate) tools_stream: bool,
     pub(crate) specs: Arc<[ToolSpec]>,
     pub(crate) flags: RunTools,
     /// Whether a tool declares approval or idempotence: without one, a
@@ -502,6 +505,7 @@ impl AgentBuilder {
             Some(stack) => (stack(boxed), None),
             None => (boxed, Some(self.tools)),
         };
+        let tools_stream = router.as_ref().is_none_or(ToolRouter::may_stream);
         Ok(Agent {
             config: Arc::new(Config {
                 name: self.name,
@@ -514,6 +518,7 @@ impl AgentBuilder {
                 model_name: self.model_name.map(ModelName::from).unwrap_or_default(),
                 tools,
                 router,
+                tools_stream,
                 specs,
                 flags,
                 flagged,

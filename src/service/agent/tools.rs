@@ -391,7 +391,7 @@ impl Run {
             // The invocation and the call's future are made inside the
             // race's argument: the run's future keeps the race alone, not a
             // second copy of them for locals.
-            Some(hooks) if !hooks.bare_tool_call() => {
+            Some(hooks) if !hooks.bare_tool_call(self.config.tools_stream) => {
                 ctx.race({
                     let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
                     invocation.approved = approved;
@@ -403,6 +403,7 @@ impl Run {
                         invocation,
                         &self.config.tools,
                         self.config.router.as_ref(),
+                        self.config.tools_stream,
                     );
                     AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind()
                 })
