@@ -314,7 +314,9 @@ async fn a_tool_that_may_stream_gets_the_delta_hooks_sink_and_one_that_cannot_do
         ["sink", "ok"]
     );
     // A service that declares it sends no progress is handed none to send on.
-    let declared = ToolRouter::new().tool(sink_probe().streams(false)).tool(quiet);
+    let declared = ToolRouter::new()
+        .tool(sink_probe().streams(false))
+        .tool(quiet);
     assert_eq!(
         results_with_delta_hook(declared, &["probe", "quiet"]).await,
         ["no sink", "ok"]

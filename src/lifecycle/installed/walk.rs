@@ -66,7 +66,14 @@ impl InstalledHooks {
                 invocation,
                 finish: ToolFinish::plain(),
             },
-            None => tool_walk(&self.stack, invocation, next, streams, Some(self.depth), ctx),
+            None => tool_walk(
+                &self.stack,
+                invocation,
+                next,
+                streams,
+                Some(self.depth),
+                ctx,
+            ),
             Some(outer) if !own => outer.walk_tool(invocation, next, streams, ctx),
             Some(_) => ToolWalk::Future(self.wrap_tool(invocation, next.clone())),
         }

@@ -212,7 +212,10 @@ impl Future for HookedToolCall<'_> {
             else {
                 unreachable!("checked above");
             };
-            this.state = match this.hooks.walk_tool(invocation, this.tools, this.streams, this.ctx) {
+            this.state = match this
+                .hooks
+                .walk_tool(invocation, this.tools, this.streams, this.ctx)
+            {
                 ToolWalk::Service {
                     service,
                     invocation,
