@@ -4,13 +4,13 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
-use xxhash_rust::xxh3::{xxh3_128, Xxh3Default};
+use xxhash_rust::xxh3::{xxh3_128_with_seed, Xxh3};
 
 use crate::types::{ModelRequest, ModelSettings, ResponseFormat, ToolChoice, ToolSpec};
 
-/// Changes when the key's layout changes, so old entries of a shared store
-/// are never read as new ones.
-const VERSION: &[u8] = b"tower-agent/cache/v3\0";
+/// The hash's seed. Changes when the key's layout changes, so old entries of
+/// a shared store are never read as new ones.
+const SEED: u64 = u64::from_le_bytes(*b"ta.key/4");
 
 /// The key a response is cached under: a 128-bit XXH3 hash of the request's
 /// model name, messages, tools and settings. See the [cache layer](crate::layers::cache).
@@ -74,7 +74,7 @@ impl fmt::Display for CacheKey {
 struct Input {
     buf: [u8; INLINE],
     len: usize,
-    stream: Option<Box<Xxh3Default>>,
+    stream: Option<Box<Xxh3>>,
 }
 
 /// What fits on the stack: a request with default settings and a model
@@ -83,13 +83,11 @@ const INLINE: usize = 128;
 
 impl Input {
     fn new() -> Self {
-        let mut input = Input {
+        Input {
             buf: [0; INLINE],
             len: 0,
             stream: None,
-        };
-        input.bytes(VERSION);
-        input
+        }
     }
 
     #[inline(always)]
@@ -100,7 +98,7 @@ impl Input {
             room.copy_from_slice(bytes);
             self.len += bytes.len();
         } else {
-            let mut stream = Box::new(Xxh3Default::new());
+            let mut stream = Box::new(Xxh3::with_seed(SEED));
             stream.update(&self.buf[..self.len]);
             stream.update(bytes);
             self.stream = Some(stream);
@@ -140,7 +138,7 @@ impl Input {
     fn finish(&self) -> [u8; 16] {
         let hash = match &self.stream {
             Some(stream) => stream.digest128(),
-            None => xxh3_128(&self.buf[..self.len]),
+            None => xxh3_128_with_seed(&self.buf[..self.len], SEED),
         };
         hash.to_le_bytes()
     }
@@ -164,17 +162,14 @@ fn tools_digest(tools: &[ToolSpec]) -> [u8; 16] {
     input.finish()
 }
 
-/// What [`settings`] feeds for the default settings: every option `None`
-/// (a `0` tag), and no stop sequence (a zero length).
-const DEFAULT_SETTINGS: [u8; 13] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-
-/// What a request's settings feed: the default settings (the common case)
-/// in one write, any others field by field.
+/// What a request's settings feed: a `0` for the default settings (the
+/// common case), else a `1` and every field.
 fn settings(input: &mut Input, settings: &ModelSettings) {
     if is_default(settings) {
-        input.bytes(&DEFAULT_SETTINGS);
+        input.bytes(&[0]);
         return;
     }
+    input.bytes(&[1]);
     all_settings(input, settings);
 }
 
@@ -262,22 +257,24 @@ fn compose(request: &ModelRequest, tools: [u8; 16]) -> CacheKey {
 /// none of [`Input`]'s checks per write.
 #[inline]
 fn compose_short(request: &ModelRequest, fixed: &[u8; 40]) -> Option<CacheKey> {
-    const HEAD: usize = VERSION.len() + 8;
-    const TAIL: usize = 40 + DEFAULT_SETTINGS.len();
+    const HEAD: usize = 8;
+    // The fixed part, and the default settings' `0`.
+    const TAIL: usize = 40 + 1;
     let name = request.model.as_bytes();
     if name.len() > INLINE - HEAD - TAIL || !is_default(&request.settings) {
         return None;
     }
     let mut buf = [0; INLINE];
-    buf[..VERSION.len()].copy_from_slice(VERSION);
-    buf[VERSION.len()..HEAD].copy_from_slice(&(name.len() as u64).to_le_bytes());
+    buf[..HEAD].copy_from_slice(&(name.len() as u64).to_le_bytes());
     let (_, rest) = buf.split_at_mut(HEAD);
     let (named, rest) = rest.split_at_mut(name.len());
     named.copy_from_slice(name);
     rest[..40].copy_from_slice(fixed);
-    // The default settings feed zeros: the buffer holds them already.
+    // The default settings feed a zero: the buffer holds it already.
     let len = HEAD + name.len() + TAIL;
-    Some(CacheKey(xxh3_128(&buf[..len]).to_le_bytes()))
+    Some(CacheKey(
+        xxh3_128_with_seed(&buf[..len], SEED).to_le_bytes(),
+    ))
 }
 
 /// A tool list and its digest.
@@ -401,12 +398,12 @@ mod tests {
     #[test]
     fn the_key_is_the_same_in_every_process() {
         // A shared store finds entries by this value: it must not move
-        // between builds, runs or machines (only with `VERSION`).
+        // between builds, runs or machines (only with `SEED`).
         let mut request = ModelRequest::new("gpt-4o", vec![Message::user("Capital of France?")]);
         request.settings_mut().max_tokens = Some(64);
         assert_eq!(
             CacheKey::of(&request).to_hex(),
-            "2c22cad3a61cad841698aa164b576af7"
+            "70b8827159584e891144559ac8672d0f"
         );
     }
 
@@ -417,12 +414,10 @@ mod tests {
             let mut input = Input::new();
             input.bytes(&long.as_bytes()[..split]);
             input.bytes(&long.as_bytes()[split..]);
-            assert_eq!(input.stream.is_some(), VERSION.len() + long.len() > INLINE);
-            let mut all = VERSION.to_vec();
-            all.extend_from_slice(long.as_bytes());
+            assert_eq!(input.stream.is_some(), long.len() > INLINE);
             assert_eq!(
                 input.finish(),
-                xxh3_128(&all).to_le_bytes(),
+                xxh3_128_with_seed(long.as_bytes(), SEED).to_le_bytes(),
                 "split at {split}"
             );
         }
@@ -435,18 +430,25 @@ mod tests {
     }
 
     #[test]
-    fn the_default_settings_feed_what_each_field_would() {
-        let (mut short, mut long) = (Input::new(), Input::new());
-        settings(&mut short, &ModelSettings::default());
-        all_settings(&mut long, &ModelSettings::default());
-        assert_eq!(short.len, VERSION.len() + DEFAULT_SETTINGS.len());
-        assert_eq!(short.finish(), long.finish());
+    fn the_default_settings_feed_one_byte_others_every_field() {
+        let mut default = Input::new();
+        settings(&mut default, &ModelSettings::default());
+        assert_eq!(&default.buf[..default.len], &[0]);
+        let set = ModelSettings {
+            max_tokens: Some(1),
+            ..ModelSettings::default()
+        };
+        let (mut tagged, mut fields) = (Input::new(), Input::new());
+        settings(&mut tagged, &set);
+        all_settings(&mut fields, &set);
+        assert_eq!(tagged.buf[0], 1);
+        assert_eq!(&tagged.buf[1..tagged.len], &fields.buf[..fields.len]);
     }
 
     #[test]
     fn the_short_layout_feeds_what_the_input_would() {
         let fixed = [7; 40];
-        let room = INLINE - VERSION.len() - 8 - 40 - DEFAULT_SETTINGS.len();
+        let room = INLINE - 8 - 40 - 1;
         for len in [0, 1, room - 1, room] {
             let request = ModelRequest::new("m".repeat(len).as_str(), vec![Message::user("hi")]);
             let mut input = Input::new();
