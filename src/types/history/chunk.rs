@@ -1,7 +1,7 @@
 //! The immutable pieces a [`History`](super::History) is made of.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use sha2::{Digest, Sha256};
 
@@ -17,15 +17,26 @@ pub(super) struct Chunk {
     /// without a lock (every reader of a shared chunk sums the same
     /// messages, so a race stores the same value twice).
     text: AtomicU64,
-    cache: Mutex<Cache>,
+    /// The chunk's digests, made the first time one is asked for (only
+    /// layers that key on the conversation ask): every run holds a chunk.
+    cache: OnceLock<Box<Cache>>,
 }
 
-/// The digests of the chunk's prefixes, extended on demand; on the heap once
-/// asked for (only layers that key on the conversation ask): every run
-/// holds a chunk.
+/// The digests of a chunk.
 #[derive(Default)]
 struct Cache {
-    digests: Option<Box<Digests>>,
+    /// The digest of every message, with the `base` it is chained from:
+    /// read without the lock. Forgotten by every change.
+    whole: OnceLock<Whole>,
+    /// The digests of its prefixes, extended on demand.
+    prefixes: Mutex<Option<Digests>>,
+}
+
+/// The digest of a whole chunk, chained from `base`.
+#[derive(Clone, Copy)]
+struct Whole {
+    base: [u8; 16],
+    digest: [u8; 16],
 }
 
 /// How many leading messages a chunk's text sum covers, and the sum, in one
@@ -69,24 +80,36 @@ impl Chunk {
         Self {
             messages,
             text: AtomicU64::new(0),
-            cache: Mutex::default(),
+            cache: OnceLock::new(),
         }
-    }
-
-    fn cache(&self) -> MutexGuard<'_, Cache> {
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The digest of the history up to and with `messages[..len]`, given the
     /// digest `base` of what precedes the chunk.
     pub(super) fn digest(&self, base: [u8; 16], len: usize) -> [u8; 16] {
         let len = len.min(self.messages.len());
-        let mut cache = self.cache();
-        let cached = cache.digests.get_or_insert_with(|| {
-            Box::new(Digests {
-                base,
-                digests: Vec::new(),
-            })
+        let whole = len == self.messages.len();
+        let cache = self.cache.get_or_init(Box::default);
+        if let Some(known) = cache.whole.get().filter(|w| whole && w.base == base) {
+            return known.digest;
+        }
+        let digest = self.prefix_digest(cache, base, len);
+        if whole {
+            // A chunk under another base keeps the first it was asked for.
+            let _ = cache.whole.set(Whole { base, digest });
+        }
+        digest
+    }
+
+    /// [`digest`](Self::digest) from the prefix digests, extended as needed.
+    fn prefix_digest(&self, cache: &Cache, base: [u8; 16], len: usize) -> [u8; 16] {
+        let mut prefixes = cache
+            .prefixes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let cached = prefixes.get_or_insert_with(|| Digests {
+            base,
+            digests: Vec::new(),
         });
         if cached.base != base {
             cached.base = base;
@@ -125,13 +148,16 @@ impl Chunk {
     /// Mutable messages (the chunk is held by one history only); the cache
     /// is forgotten, since the caller may edit anything.
     pub(super) fn edit(&mut self) -> &mut Vec<Message> {
-        *self.cache.get_mut().unwrap_or_else(PoisonError::into_inner) = Cache::default();
+        self.cache.take();
         *self.text.get_mut() = 0;
         &mut self.messages
     }
 
     /// Appends in place (the chunk is held by one history only).
     pub(super) fn push(&mut self, message: Message) {
+        if let Some(cache) = self.cache.get_mut() {
+            cache.whole.take();
+        }
         self.messages.push(message);
     }
 
@@ -151,9 +177,14 @@ impl Chunk {
             sum.text_len -= cut;
             *text = sum.pack().unwrap_or(0);
         }
-        let cache = self.cache.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if let Some(cached) = &mut cache.digests {
-            cached.digests.truncate(len);
+        if let Some(cache) = self.cache.get_mut() {
+            let prefixes = cache.prefixes.get_mut();
+            if let Some(cached) = prefixes.unwrap_or_else(PoisonError::into_inner) {
+                cached.digests.truncate(len);
+            }
+            if len < self.messages.len() {
+                cache.whole.take();
+            }
         }
         self.messages.truncate(len);
     }

@@ -562,6 +562,12 @@ mod tests {
         assert_ne!(history.lineage(), lineage);
         history.truncate(10);
         assert_eq!(history.len(), 3);
+        // Cut and grown back to the same length: the whole digest is new.
+        history.truncate(2);
+        history.push(Message::user("other"));
+        let fresh = History::from(history.to_vec());
+        assert_eq!(history.digest(), fresh.digest());
+        assert_ne!(history.digest(), three.digest());
     }
 
     #[test]
