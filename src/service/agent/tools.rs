@@ -175,8 +175,13 @@ impl Run {
         }
         let mut step = Collected {
             pending: Vec::new(),
-            // What `after_tool_batch` reads: kept only for hooks that read it.
-            results: Vec::new(),
+            // What `after_tool_batch` reads: kept only for hooks that read
+            // it, in room made for this step's calls at once.
+            results: if keep_results {
+                Vec::with_capacity(source.len())
+            } else {
+                Vec::new()
+            },
             keep_results,
         };
         if self.config.parallel_tool_calls && source.len() > 1 {
