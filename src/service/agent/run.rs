@@ -21,8 +21,7 @@ use crate::error::AgentError;
 use crate::hooks::{installed, HookPort, RunOutcome, RunStart, StickyApprovals};
 use crate::request::{BoxModel, DeltaSink, ModelCall, ModelCallParts, RunInput, RunRequest};
 use crate::types::{
-    AgentRun, Checkpoint, History, Message, ModelDelta, ModelRequest, ModelResponse, Role,
-    RunStatus, StopReason,
+    AgentRun, Checkpoint, History, Message, ModelDelta, ModelRequest, Role, RunStatus, StopReason,
 };
 
 /// The run of `request`, bracketed by its observer and, when no lifecycle
@@ -506,14 +505,11 @@ impl Run {
         })
     }
 
-    /// A model turn through the hooks.
+    /// A model turn through the hooks: one call through them and the model
+    /// stack, its answer appended to the conversation. The answer stays in
+    /// this frame from the race to the conversation, not handed up through
+    /// results of its own.
     async fn hooked_turn(&mut self, turn: u32) -> Answered {
-        let response = self.hooked_call(turn).await?;
-        Ok(append_answer(&mut self.messages, turn, response.message))
-    }
-
-    /// One model call through the hooks and the model stack.
-    async fn hooked_call(&mut self, turn: u32) -> Result<ModelResponse, Box<AgentError>> {
         let config = &self.config;
         let ctx = &self.ctx;
         let Some(hooks) = &self.hooks else {
@@ -538,8 +534,13 @@ impl Run {
         if let Some(model) = call.take_model() {
             self.model = Some(model);
         }
-        let mut response = match answer.and_then(|r| r.map_err(classify)) {
-            Ok(response) => response,
+        let mut response = match answer {
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => {
+                let err = classify(err);
+                observer.failed(&err);
+                return Err(Box::new(err));
+            }
             Err(err) => {
                 observer.failed(&err);
                 return Err(Box::new(err));
@@ -567,7 +568,7 @@ impl Run {
                 }
             }
         }
-        Ok(response)
+        Ok(append_answer(&mut self.messages, turn, response.message))
     }
 }
 
