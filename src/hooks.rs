@@ -326,7 +326,7 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     fn walk_tool(
         &self,
         invocation: ToolInvocation,
-        next: &BoxTool,
+        next: &Arc<BoxTool>,
         streams: bool,
         ctx: &RunContext,
     ) -> ToolWalk<'_>;

@@ -11,7 +11,7 @@ use tower_agent::event::AgentEvent;
 use tower_agent::hooks::{ToolDecision, ToolVerdict};
 use tower_agent::lifecycle::{
     decision_rank, merge_verdicts, Hook, Middleware, MiddlewareStack, Runtime, ToolMiddleware,
-    ToolNext,
+    ToolNext, Wrapped,
 };
 use tower_agent::types::{ApprovalDecision, Role, ToolCall};
 use tower_agent::{
@@ -604,4 +604,87 @@ async fn a_wrap_tool_error_fails_the_run_but_a_tool_error_is_read_by_the_model()
         if middleware == "tool-guard" && hook == "wrap_tool"),
         "{err:?}"
     );
+}
+
+/// Hands every tool call on as it came, without a future of its own.
+struct HandOn;
+
+impl Middleware for HandOn {
+    fn name(&self) -> &str {
+        "hand-on"
+    }
+
+    fn wrap_tool<'a>(
+        &'a self,
+        invocation: ToolInvocation,
+        next: ToolNext,
+    ) -> Wrapped<'a, ToolInvocation> {
+        Wrapped::next(invocation, next)
+    }
+}
+
+/// Calls the tool twice, through two clones of its `next`, and answers
+/// with both results.
+struct Twice;
+
+impl ToolMiddleware for Twice {
+    fn name(&self) -> &str {
+        "twice"
+    }
+
+    fn wrap_tool<'a>(
+        &'a self,
+        invocation: ToolInvocation,
+        next: ToolNext,
+    ) -> BoxFuture<'a, Result<ToolOutput, BoxError>> {
+        Box::pin(async move {
+            let first = next.clone().run(invocation.clone()).await?;
+            let second = next.run(invocation).await?;
+            Ok(ToolOutput::text(format!(
+                "{} / {}",
+                first.content, second.content
+            )))
+        })
+    }
+}
+
+#[tokio::test]
+async fn every_clone_of_a_tool_next_calls_the_agents_tool_stack() {
+    // The router alone (no tool layer) and behind a tool layer: the stack
+    // a walk is lent is called once per run of a `next`, through the hooks
+    // that hand the call on before and after the one that runs it twice.
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let router = {
+        let calls = calls.clone();
+        ToolRouter::new().tool(tool_sync("lookup", "l", move |l: Lookup| {
+            let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            Ok::<_, BoxError>(format!("{} #{n}", l.id))
+        }))
+    };
+    let model = || {
+        ScriptedModel::new([
+            ScriptedTurn::tool_call("lookup", r#"{"id": "a"}"#),
+            ScriptedTurn::text("done"),
+        ])
+    };
+    let bare = Agent::builder("a")
+        .model(model())
+        .tools(router.clone())
+        .build()
+        .unwrap();
+    let layered = Agent::builder("a")
+        .model(model())
+        .tools(router)
+        .tool_layer(tower::layer::util::Identity::new())
+        .build()
+        .unwrap();
+    for (agent, want) in [(bare, "a #1 / a #2"), (layered, "a #3 / a #4")] {
+        let stack = MiddlewareStack::new()
+            .push(HandOn)
+            .push_tool(Twice)
+            .push(HandOn);
+        let run = run_with(agent, stack, RunRequest::new("go")).await.unwrap();
+        assert_eq!(tool_result(&run), want);
+    }
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 4);
 }

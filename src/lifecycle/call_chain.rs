@@ -307,7 +307,7 @@ where
 pub(crate) fn tool_walk<'s>(
     stack: &'s Arc<CompiledStack>,
     mut invocation: ToolInvocation,
-    base: &BoxTool,
+    base: &Arc<BoxTool>,
     streams: bool,
     home: Option<usize>,
     ctx: &RunContext,
@@ -326,11 +326,13 @@ pub(crate) fn tool_walk<'s>(
             finish: finish(failure.map(|g| g as Arc<dyn CallAbort>)),
         };
     }
-    let next = Next::chain(stack.entries.clone(), base.clone(), home);
+    // The tool stack is cloned only for a wrap hook that calls it: a walk
+    // whose middleware all hand the call on gives it back uncloned.
+    let next = Next::chain_lent(stack.entries.clone(), base, home);
     let fut = match step(Some(&stack.entries), next, invocation, Some(ctx)) {
-        Step::Innermost(service, invocation, _) => {
+        Step::Innermost(found, invocation, _) => {
             return ToolWalk::Service {
-                service: Some(service),
+                service: found.into_own(),
                 invocation,
                 finish: finish(failure.map(|g| g as Arc<dyn CallAbort>)),
             };

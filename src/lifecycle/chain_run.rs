@@ -37,7 +37,7 @@ impl<'a, Req: WrapRequest> ChainRun<'a, Req> {
     pub(super) fn after(step: Step<'a, Req>) -> Result<Self, BoxError> {
         Ok(match step {
             Step::Innermost(service, req, recover) => {
-                ChainRun::Calling(call_innermost(service, req, recover))
+                ChainRun::Calling(call_innermost(service.into_service(), req, recover))
             }
             Step::Failed(err) => return Err(err),
             Step::Elsewhere(next, req) => ChainRun::Elsewhere(Box::pin(next.run(req))),

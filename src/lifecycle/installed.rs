@@ -380,7 +380,7 @@ impl HookPort for InstalledHooks {
     fn walk_tool(
         &self,
         invocation: ToolInvocation,
-        next: &BoxTool,
+        next: &Arc<BoxTool>,
         streams: bool,
         ctx: &RunContext,
     ) -> ToolWalk<'_> {

@@ -83,6 +83,35 @@ enum Slot<Req: WrapRequest> {
     Own(Option<BoxService<Req>>),
     /// Shared with the clones.
     Shared(Arc<Innermost<Req>>),
+    /// The caller's own service, cloned only for a run that calls it: a
+    /// walk whose middleware all hand the call on gives it back uncloned.
+    Lent(Arc<BoxService<Req>>),
+}
+
+/// The service below the last wrap hook, as a walk reaches it.
+pub(crate) enum Found<Req: WrapRequest> {
+    /// A service of the walk's own.
+    Own(BoxService<Req>),
+    /// The service the caller lent the chain, not cloned.
+    Lent(Arc<BoxService<Req>>),
+}
+
+impl<Req: WrapRequest> Found<Req> {
+    /// The service to call, cloned from the caller's when it was lent.
+    pub(crate) fn into_service(self) -> BoxService<Req> {
+        match self {
+            Found::Own(service) => service,
+            Found::Lent(lent) => BoxService::clone(&lent),
+        }
+    }
+
+    /// The walk's own service; `None` when it is the one the caller lent.
+    pub(crate) fn into_own(self) -> Option<BoxService<Req>> {
+        match self {
+            Found::Own(service) => Some(service),
+            Found::Lent(_) => None,
+        }
+    }
 }
 
 impl<Req: WrapRequest> Below<Req> {
@@ -97,6 +126,12 @@ impl<Req: WrapRequest> Below<Req> {
     fn share(&self) -> Self {
         let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
         let shared = match &mut *slot {
+            Slot::Lent(lent) => {
+                return Self {
+                    slot: Mutex::new(Slot::Lent(lent.clone())),
+                    recover: self.recover,
+                }
+            }
             Slot::Shared(shared) => shared.clone(),
             Slot::Own(service) => {
                 let shared = Arc::new(Innermost {
@@ -113,14 +148,15 @@ impl<Req: WrapRequest> Below<Req> {
     }
 
     /// The service for the one run of this `Next`.
-    fn take(self) -> Option<BoxService<Req>> {
+    fn take(self) -> Option<Found<Req>> {
         match self
             .slot
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner)
         {
-            Slot::Own(service) => service,
-            Slot::Shared(shared) => shared.take(),
+            Slot::Own(service) => service.map(Found::Own),
+            Slot::Shared(shared) => shared.take().map(Found::Own),
+            Slot::Lent(lent) => Some(Found::Lent(lent)),
         }
     }
 }
@@ -173,6 +209,25 @@ impl<Req: WrapRequest> Next<Req> {
             chain: Some(chain),
             index: 0,
             innermost: Below::new(innermost, true),
+            received: None,
+            home,
+        }
+    }
+
+    /// [`chain`](Self::chain) around the caller's own `innermost`, which is
+    /// cloned only for a run that calls it.
+    pub(crate) fn chain_lent(
+        chain: Arc<[Entry]>,
+        innermost: &Arc<BoxService<Req>>,
+        home: Option<usize>,
+    ) -> Self {
+        Self {
+            chain: Some(chain),
+            index: 0,
+            innermost: Below {
+                slot: Mutex::new(Slot::Lent(innermost.clone())),
+                recover: true,
+            },
             received: None,
             home,
         }
@@ -239,7 +294,7 @@ enum Walked<Req: WrapRequest> {
 
 /// One step of the walk: what [`step`] found.
 pub(super) enum Step<'e, Req: WrapRequest> {
-    Innermost(BoxService<Req>, Req, bool),
+    Innermost(Found<Req>, Req, bool),
     /// A middleware answers with a future of its own.
     Hooked {
         entry: &'e Entry,
@@ -259,7 +314,9 @@ async fn walk<Req: WrapRequest>(next: Next<Req>, req: Req) -> Walked<Req> {
     let chain = next.chain.clone();
     // Only what is awaited below lives across the await.
     let hooked = match step(chain.as_ref(), next, req, None) {
-        Step::Innermost(service, req, recover) => return Walked::Innermost(service, req, recover),
+        Step::Innermost(service, req, recover) => {
+            return Walked::Innermost(service.into_service(), req, recover)
+        }
         Step::Failed(err) => return Walked::Done(Err(err)),
         Step::Elsewhere(next, req) => {
             let run: BoxFuture<'static, _> = Box::pin(next.run(req));

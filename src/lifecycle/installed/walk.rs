@@ -2,6 +2,8 @@
 //! that calls the service below itself when every hook hands the call on,
 //! and what the tool's answer then becomes.
 
+use std::sync::Arc;
+
 use super::InstalledHooks;
 use crate::context::RunContext;
 use crate::error::BoxError;
@@ -41,7 +43,7 @@ impl InstalledHooks {
                 let entries = &self.stack.entries;
                 let next = Next::chain(entries.clone(), next, Some(self.depth));
                 match step(Some(entries), next, call, Some(ctx)) {
-                    Step::Innermost(next, call, _) => service(next, call, true),
+                    Step::Innermost(next, call, _) => service(next.into_service(), call, true),
                     step => ModelWalk::Future(match ChainRun::after(step) {
                         Ok(run) => Box::pin(run),
                         Err(err) => Box::pin(std::future::ready(Err(err))),
@@ -55,7 +57,7 @@ impl InstalledHooks {
     pub(super) fn walk_tool_here(
         &self,
         invocation: ToolInvocation,
-        next: &BoxTool,
+        next: &Arc<BoxTool>,
         streams: bool,
         ctx: &RunContext,
     ) -> ToolWalk<'_> {
@@ -75,7 +77,7 @@ impl InstalledHooks {
                 ctx,
             ),
             Some(outer) if !own => outer.walk_tool(invocation, next, streams, ctx),
-            Some(_) => ToolWalk::Future(self.wrap_tool(invocation, next.clone())),
+            Some(_) => ToolWalk::Future(self.wrap_tool(invocation, BoxTool::clone(next))),
         }
     }
 }

@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use futures::future::BoxFuture;
@@ -146,8 +147,8 @@ pub(super) struct HookedToolCall<'a> {
     ctx: &'a RunContext,
     /// The call, for the tool's name in its errors.
     call: &'a ToolCall,
-    /// The tool stack, cloned only for a wrap hook that may keep it.
-    tools: &'a BoxTool,
+    /// The tool stack, cloned only for a wrap hook that calls it.
+    tools: &'a Arc<BoxTool>,
     /// The router, when the tool stack is the router alone.
     router: Option<&'a ToolRouter>,
     /// Whether the tool stack may stream its progress.
@@ -186,7 +187,7 @@ impl<'a> HookedToolCall<'a> {
         ctx: &'a RunContext,
         call: &'a ToolCall,
         invocation: ToolInvocation,
-        tools: &'a BoxTool,
+        tools: &'a Arc<BoxTool>,
         router: Option<&'a ToolRouter>,
         streams: bool,
     ) -> Self {
@@ -225,7 +226,7 @@ impl Future for HookedToolCall<'_> {
                     // stack: the router itself, when nothing wraps it.
                     let mut stack = match this.router {
                         Some(_) => None,
-                        None => Some(service.unwrap_or_else(|| this.tools.clone())),
+                        None => Some(service.unwrap_or_else(|| BoxTool::clone(this.tools))),
                     };
                     // Called at once if it is ready, as a call without
                     // hooks is: the invocation goes from the walk to the

@@ -58,7 +58,9 @@ pub(crate) struct Config {
     pub(crate) prompt: Option<History>,
     pub(crate) model: BoxModel,
     pub(crate) model_name: ModelName,
-    pub(crate) tools: BoxTool,
+    /// Shared, so a walk down the wrap hooks can lend it without cloning
+    /// the boxed stack.
+    pub(crate) tools: Arc<BoxTool>,
     /// The router itself when no tool layer wraps it: a run without hooks
     /// calls it directly, with no boxed clone and no boxed future per call.
     pub(crate) router: Option<ToolRouter>,
@@ -516,7 +518,7 @@ impl AgentBuilder {
                 instructions: self.instructions,
                 model,
                 model_name: self.model_name.map(ModelName::from).unwrap_or_default(),
-                tools,
+                tools: Arc::new(tools),
                 router,
                 tools_stream,
                 specs,
