@@ -108,7 +108,7 @@ use crate::types::{ModelDelta, ModelRequest, ModelResponse, Usage};
 pub struct CacheLayer {
     /// Made on first use when no store was given: a layer that is given
     /// one never builds the default.
-    store: Arc<OnceLock<Arc<dyn CacheStore>>>,
+    store: Arc<OnceLock<Store>>,
     ttl: Duration,
     nondeterministic: bool,
 }
@@ -127,8 +127,9 @@ impl CacheLayer {
     /// Keeps responses in `store` instead of the default [`MemoryStore`]
     /// (e.g. a bigger one, or one shared across processes).
     pub fn store(mut self, store: impl CacheStore) -> Self {
+        let memory = in_memory(&store);
         let store: Arc<dyn CacheStore> = Arc::new(store);
-        self.store = Arc::new(OnceLock::from(store));
+        self.store = Arc::new(OnceLock::from(Store { store, memory }));
         self
     }
 
@@ -145,9 +146,15 @@ impl CacheLayer {
         self
     }
 
-    fn store_handle(&self) -> Arc<dyn CacheStore> {
+    fn store_handle(&self) -> Store {
         self.store
-            .get_or_init(|| Arc::new(MemoryStore::default()))
+            .get_or_init(|| {
+                let memory = MemoryStore::default();
+                Store {
+                    store: Arc::new(memory.clone()),
+                    memory: Some(memory),
+                }
+            })
             .clone()
     }
 }
@@ -171,10 +178,12 @@ impl<S> Layer<S> for CacheLayer {
     type Service = Cache<S>;
 
     fn layer(&self, inner: S) -> Cache<S> {
+        let Store { store, memory } = self.store_handle();
         Cache {
             inner,
             shared: Arc::new(Shared {
-                store: self.store_handle(),
+                store,
+                memory,
                 ttl: self.ttl,
                 nondeterministic: self.nondeterministic,
                 keyer: Keyer::default(),
@@ -183,8 +192,29 @@ impl<S> Layer<S> for CacheLayer {
     }
 }
 
+/// The layer's store, and the same store as a [`MemoryStore`] when it is
+/// one.
+#[derive(Clone)]
+struct Store {
+    store: Arc<dyn CacheStore>,
+    memory: Option<MemoryStore>,
+}
+
+/// `store` as a [`MemoryStore`], when it is one (or an `Arc` of one).
+fn in_memory<T: CacheStore>(store: &T) -> Option<MemoryStore> {
+    let store: &dyn std::any::Any = store;
+    store
+        .downcast_ref::<MemoryStore>()
+        .or_else(|| store.downcast_ref::<Arc<MemoryStore>>().map(|arc| &**arc))
+        .cloned()
+}
+
 struct Shared {
     store: Arc<dyn CacheStore>,
+    /// `store` when it is in memory: a miss stores its answer there at once
+    /// and cannot fail, so its future keeps nothing of the run to report a
+    /// failure with.
+    memory: Option<MemoryStore>,
     ttl: Duration,
     nondeterministic: bool,
     keyer: Keyer,
@@ -254,6 +284,14 @@ where
             return future::ResponseFuture::direct(self.inner.call(call));
         }
         let key = self.shared.keyer.key(&call.request);
+        if let Some(memory) = &self.shared.memory {
+            // In memory: asked at once, and the answer stored at once.
+            if let Some(response) = memory.lookup(key) {
+                return future::ResponseFuture::hit(hit(response, &call));
+            }
+            let shared = self.shared.clone();
+            return future::ResponseFuture::miss(self.inner.call(call), key, shared, None);
+        }
         if let Some(found) = self.shared.store.get_now(key) {
             // A store that answers at once: no boxed lookup.
             match found {
@@ -262,7 +300,7 @@ where
                 Err(err) => report_failure(&call.context, "cache", "get", &err, true),
             }
             let shared = self.shared.clone();
-            let ctx = call.context.clone();
+            let ctx = Some(call.context.clone());
             return future::ResponseFuture::miss(self.inner.call(call), key, shared, ctx);
         }
         // The ready service goes into the future; a clone stays here.
@@ -373,7 +411,8 @@ pub mod future {
                 fut: F,
                 key: CacheKey,
                 shared: Arc<Shared>,
-                ctx: RunContext,
+                // `None` when the store is in memory: nothing to report.
+                ctx: Option<RunContext>,
             },
             Storing {
                 store: BoxFuture<'static, ()>,
@@ -402,7 +441,12 @@ pub mod future {
 
         // Inlined: the inner future is built in place, not moved.
         #[inline(always)]
-        pub(super) fn miss(fut: F, key: CacheKey, shared: Arc<Shared>, ctx: RunContext) -> Self {
+        pub(super) fn miss(
+            fut: F,
+            key: CacheKey,
+            shared: Arc<Shared>,
+            ctx: Option<RunContext>,
+        ) -> Self {
             Self {
                 kind: Kind::Miss {
                     fut,
@@ -446,6 +490,13 @@ pub mod future {
                         // is stored from a borrow, and never moved here.
                         let poll = fut.poll(cx);
                         let Poll::Ready(Ok(response)) = &poll else {
+                            return poll;
+                        };
+                        let Some(ctx) = ctx else {
+                            // In memory: stored at once, and it cannot fail.
+                            if let Some(memory) = &shared.memory {
+                                memory.store(*key, response, shared.ttl);
+                            }
                             return poll;
                         };
                         if let Some(stored) = shared.store.put_now(*key, response, shared.ttl) {

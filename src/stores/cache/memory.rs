@@ -292,13 +292,15 @@ impl MemoryStore {
         self.lock(high & (self.shards.len() - 1))
     }
 
+    /// The response under `key`, if one is there that has not expired.
     #[inline]
-    fn lookup(&self, key: CacheKey) -> Option<ModelResponse> {
+    pub(crate) fn lookup(&self, key: CacheKey) -> Option<ModelResponse> {
         self.shard(key).get(key)
     }
 
+    /// Stores `response` under `key` for `ttl`.
     #[inline]
-    fn store(&self, key: CacheKey, response: impl Fill, ttl: Duration) {
+    pub(crate) fn store(&self, key: CacheKey, response: impl Fill, ttl: Duration) {
         if let Some(expires_at) = expiry(ttl) {
             self.shard(key).insert(key, response, expires_at);
         }

@@ -5,7 +5,7 @@
 use crate::types::{Message, MessageContent, ModelResponse};
 
 /// What an insert stores: a borrowed response is copied, an owned one moved.
-pub(super) trait Fill {
+pub(crate) trait Fill {
     /// The response, in memory of its own.
     fn make(self) -> ModelResponse;
 
