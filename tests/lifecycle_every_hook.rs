@@ -482,3 +482,115 @@ async fn the_closures_run_too() {
     assert!(seen.has("before_tool forbidden"));
     assert!(seen.has("after_agent completed"));
 }
+
+#[tokio::test]
+async fn the_async_closures_run_too() {
+    let seen = Seen::default();
+    let (a, b, c, d, e, f, g) = (
+        seen.clone(),
+        seen.clone(),
+        seen.clone(),
+        seen.clone(),
+        seen.clone(),
+        seen.clone(),
+        seen.clone(),
+    );
+    let stack = MiddlewareStack::new()
+        .before_run_async("guard", move |_, input| {
+            a.push(format!("before_run {}", input.text()));
+            async move { Ok::<_, BoxError>(Message::user(format!("{} now", input.text()))) }
+        })
+        .before_model_async("reminder", move |_, messages| {
+            b.push("before_model");
+            async move {
+                let mut messages = messages;
+                messages.push(Message::system("reminder"));
+                Ok::<_, BoxError>(messages)
+            }
+        })
+        .after_model_async("shout", move |_, response| {
+            c.push("after_model");
+            async move {
+                let mut response = response;
+                let text = response.message.text().to_uppercase();
+                response.message.set_text(text);
+                Ok::<_, BoxError>(response)
+            }
+        })
+        .before_tool_async("deny-forbidden", move |_, call| {
+            d.push(format!("before_tool {}", call.name));
+            async move {
+                Ok::<_, BoxError>(if call.name == "forbidden" {
+                    ToolVerdict::deny("no")
+                } else {
+                    ToolVerdict::proceed()
+                })
+            }
+        })
+        .after_tool_async("tag", move |_, call, output| {
+            e.push(format!("after_tool {}", call.name));
+            async move {
+                let mut output = output;
+                output.content.push_str(" [tagged]");
+                Ok::<_, BoxError>(output)
+            }
+        })
+        .after_agent_async("audit", move |_, outcome| {
+            let (f, status) = (f.clone(), outcome.status());
+            async move {
+                f.push(format!("after_agent {status}"));
+                Ok::<_, BoxError>(())
+            }
+        })
+        .on_error_async("pager", move |_, err| {
+            let (g, code) = (g.clone(), err.code());
+            async move {
+                g.push(format!("on_error {code}"));
+                Ok::<_, BoxError>(())
+            }
+        });
+    let model = ScriptedModel::new([
+        ScriptedTurn::tool_calls([
+            ToolCall::new("c1", "progress", "{}"),
+            ToolCall::new("c2", "forbidden", "{}"),
+        ]),
+        ScriptedTurn::text("done"),
+    ]);
+    let agent = Agent::builder("async-closures")
+        .model(model.clone())
+        .tools(tools())
+        .middleware(stack.clone())
+        .build()
+        .unwrap();
+    let run = agent.run("go").await.unwrap();
+    assert_eq!(run.output, "DONE");
+    let first = &model.requests()[0];
+    assert!(first.messages.iter().any(|m| m.text() == "go now"));
+    let second = &model.requests()[1];
+    assert!(second
+        .messages
+        .iter()
+        .any(|m| m.text() == "progress done [tagged]"));
+    assert!(second.messages.iter().any(|m| m.text() == "reminder"));
+    assert!(seen.has("before_run go"));
+    assert!(seen.has("before_tool forbidden"));
+    assert!(seen.has("after_tool progress"));
+    assert!(seen.has("after_agent completed"));
+    assert!(!seen.has("on_error"));
+
+    // A failing run reaches the async on_error, then the async after_agent.
+    let failing = ScriptedModel::new([ScriptedTurn::error(
+        tower_agent::ErrorKind::InvalidRequest,
+        "no",
+    )]);
+    let err = Agent::builder("async-closures")
+        .model(failing)
+        .middleware(stack)
+        .build()
+        .unwrap()
+        .run("go")
+        .await
+        .unwrap_err();
+    assert!(seen.has(&format!("on_error {}", err.code())));
+    assert!(seen.has("after_agent failed"));
+}

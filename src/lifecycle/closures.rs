@@ -12,6 +12,9 @@ use crate::hooks::{RunOutcome, ToolVerdict};
 use crate::request::ToolOutput;
 use crate::types::{History, Message, ModelResponse, ToolCall};
 
+/// An async closure hook's boxed future.
+type Answer<T> = BoxFuture<'static, Result<T, BoxError>>;
+
 /// The one hook a closure middleware has: each closure's type spelled out.
 #[allow(clippy::type_complexity)]
 enum FnHook {
@@ -24,44 +27,28 @@ enum FnHook {
     ),
     AfterAgent(Box<dyn Fn(&RunContext, RunOutcome<'_>) -> Result<(), BoxError> + Send + Sync>),
     OnError(Box<dyn Fn(&RunContext, &AgentError) -> Result<(), BoxError> + Send + Sync>),
-    BeforeModelAsync(
-        Box<
-            dyn Fn(RunContext, History) -> BoxFuture<'static, Result<History, BoxError>>
-                + Send
-                + Sync,
-        >,
-    ),
-    BeforeToolAsync(
-        Box<
-            dyn Fn(RunContext, ToolCall) -> BoxFuture<'static, Result<ToolVerdict, BoxError>>
-                + Send
-                + Sync,
-        >,
-    ),
+    BeforeRunAsync(Box<dyn Fn(RunContext, Message) -> Answer<Message> + Send + Sync>),
+    BeforeModelAsync(Box<dyn Fn(RunContext, History) -> Answer<History> + Send + Sync>),
+    AfterModelAsync(Box<dyn Fn(RunContext, ModelResponse) -> Answer<ModelResponse> + Send + Sync>),
+    BeforeToolAsync(Box<dyn Fn(RunContext, ToolCall) -> Answer<ToolVerdict> + Send + Sync>),
     AfterToolAsync(
-        Box<
-            dyn Fn(
-                    RunContext,
-                    ToolCall,
-                    ToolOutput,
-                ) -> BoxFuture<'static, Result<ToolOutput, BoxError>>
-                + Send
-                + Sync,
-        >,
+        Box<dyn Fn(RunContext, ToolCall, ToolOutput) -> Answer<ToolOutput> + Send + Sync>,
     ),
+    AfterAgentAsync(Box<dyn Fn(&RunContext, RunOutcome<'_>) -> Answer<()> + Send + Sync>),
+    OnErrorAsync(Box<dyn Fn(&RunContext, &AgentError) -> Answer<()> + Send + Sync>),
 }
 
 impl FnHook {
     /// The hook point the closure runs at.
     fn point(&self) -> HookPoint {
         match self {
-            FnHook::BeforeRun(_) => HookPoint::BeforeRun,
+            FnHook::BeforeRun(_) | FnHook::BeforeRunAsync(_) => HookPoint::BeforeRun,
             FnHook::BeforeModel(_) | FnHook::BeforeModelAsync(_) => HookPoint::BeforeModel,
-            FnHook::AfterModel(_) => HookPoint::AfterModel,
+            FnHook::AfterModel(_) | FnHook::AfterModelAsync(_) => HookPoint::AfterModel,
             FnHook::BeforeTool(_) | FnHook::BeforeToolAsync(_) => HookPoint::BeforeTool,
             FnHook::AfterTool(_) | FnHook::AfterToolAsync(_) => HookPoint::AfterTool,
-            FnHook::AfterAgent(_) => HookPoint::AfterAgent,
-            FnHook::OnError(_) => HookPoint::OnError,
+            FnHook::AfterAgent(_) | FnHook::AfterAgentAsync(_) => HookPoint::AfterAgent,
+            FnHook::OnError(_) | FnHook::OnErrorAsync(_) => HookPoint::OnError,
         }
     }
 }
@@ -85,6 +72,13 @@ impl Middleware for FnMiddleware {
     ) -> Hook<'a, Option<String>> {
         match &self.hook {
             FnHook::BeforeRun(f) => Hook::ready(f(ctx, input).map(|()| None)),
+            FnHook::BeforeRunAsync(f) => {
+                let fut = f(ctx.clone(), input.clone());
+                Hook::new(async move {
+                    *input = fut.await?;
+                    Ok(None)
+                })
+            }
             _ => Hook::not_overridden(),
         }
     }
@@ -110,6 +104,13 @@ impl Middleware for FnMiddleware {
     ) -> Hook<'a, ()> {
         match &self.hook {
             FnHook::AfterModel(f) => Hook::ready(f(ctx, response)),
+            FnHook::AfterModelAsync(f) => {
+                let fut = f(ctx.clone(), response.clone());
+                Hook::new(async move {
+                    *response = fut.await?;
+                    Ok(())
+                })
+            }
             _ => Hook::not_overridden(),
         }
     }
@@ -149,6 +150,7 @@ impl Middleware for FnMiddleware {
     fn on_error<'a>(&'a self, ctx: &'a RunContext, error: &'a AgentError) -> Hook<'a, ()> {
         match &self.hook {
             FnHook::OnError(f) => Hook::ready(f(ctx, error)),
+            FnHook::OnErrorAsync(f) => Hook::new(f(ctx, error)),
             _ => Hook::not_overridden(),
         }
     }
@@ -156,6 +158,7 @@ impl Middleware for FnMiddleware {
     fn after_agent<'a>(&'a self, ctx: &'a RunContext, outcome: RunOutcome<'a>) -> Hook<'a, ()> {
         match &self.hook {
             FnHook::AfterAgent(f) => Hook::ready(f(ctx, outcome)),
+            FnHook::AfterAgentAsync(f) => Hook::new(f(ctx, outcome)),
             _ => Hook::not_overridden(),
         }
     }
@@ -198,6 +201,31 @@ impl MiddlewareStack {
         self.push_fn(name, FnHook::BeforeRun(Box::new(f)))
     }
 
+    /// Like [`before_run`](Self::before_run), async: `f` gets the run's
+    /// context and a copy of the input, and answers the input to go on
+    /// with.
+    ///
+    /// ```
+    /// use tower_agent::lifecycle::MiddlewareStack;
+    /// use tower_agent::Message;
+    ///
+    /// let stack = MiddlewareStack::new().before_run_async("translate", |_ctx, input| async move {
+    ///     // e.g. an HTTP call to a translation service
+    ///     Ok(Message::user(input.text().to_uppercase()))
+    /// });
+    /// # let _ = stack;
+    /// ```
+    pub fn before_run_async<F, Fut>(self, name: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(RunContext, Message) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Message, BoxError>> + Send + 'static,
+    {
+        self.push_fn(
+            name,
+            FnHook::BeforeRunAsync(Box::new(move |ctx, m| Box::pin(f(ctx, m)))),
+        )
+    }
+
     /// Registers a middleware called `name` whose `before_model` is `f`: it
     /// may change the messages before each model turn.
     pub fn before_model<F>(self, name: impl Into<String>, f: F) -> Self
@@ -217,10 +245,7 @@ impl MiddlewareStack {
     {
         self.push_fn(
             name,
-            FnHook::BeforeModelAsync(Box::new(move |ctx, m| {
-                let fut = f(ctx, m);
-                Box::pin(fut)
-            })),
+            FnHook::BeforeModelAsync(Box::new(move |ctx, m| Box::pin(f(ctx, m)))),
         )
     }
 
@@ -231,6 +256,19 @@ impl MiddlewareStack {
         F: Fn(&RunContext, &mut ModelResponse) -> Result<(), BoxError> + Send + Sync + 'static,
     {
         self.push_fn(name, FnHook::AfterModel(Box::new(f)))
+    }
+
+    /// Like [`after_model`](Self::after_model), async: `f` gets the run's
+    /// context and a copy of the answer, and answers the one the run uses.
+    pub fn after_model_async<F, Fut>(self, name: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(RunContext, ModelResponse) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<ModelResponse, BoxError>> + Send + 'static,
+    {
+        self.push_fn(
+            name,
+            FnHook::AfterModelAsync(Box::new(move |ctx, r| Box::pin(f(ctx, r)))),
+        )
     }
 
     /// Registers a middleware called `name` whose `before_tool` is `f`: its
@@ -265,10 +303,7 @@ impl MiddlewareStack {
     {
         self.push_fn(
             name,
-            FnHook::BeforeToolAsync(Box::new(move |ctx, c| {
-                let fut = f(ctx, c);
-                Box::pin(fut)
-            })),
+            FnHook::BeforeToolAsync(Box::new(move |ctx, c| Box::pin(f(ctx, c)))),
         )
     }
 
@@ -303,10 +338,7 @@ impl MiddlewareStack {
     {
         self.push_fn(
             name,
-            FnHook::AfterToolAsync(Box::new(move |ctx, c, o| {
-                let fut = f(ctx, c, o);
-                Box::pin(fut)
-            })),
+            FnHook::AfterToolAsync(Box::new(move |ctx, c, o| Box::pin(f(ctx, c, o)))),
         )
     }
 
@@ -319,6 +351,34 @@ impl MiddlewareStack {
         self.push_fn(name, FnHook::AfterAgent(Box::new(f)))
     }
 
+    /// Like [`after_agent`](Self::after_agent), async: `f` reads what it
+    /// needs of the context and the outcome, and answers a future that owns
+    /// it (to send a report, close a session). Its errors are logged.
+    ///
+    /// ```
+    /// use tower_agent::lifecycle::MiddlewareStack;
+    ///
+    /// let stack = MiddlewareStack::new().after_agent_async("report", |ctx, outcome| {
+    ///     let (run, status) = (ctx.run_id().clone(), outcome.status());
+    ///     async move {
+    ///         // e.g. an HTTP call to a dashboard
+    ///         println!("run {run} {status}");
+    ///         Ok(())
+    ///     }
+    /// });
+    /// # let _ = stack;
+    /// ```
+    pub fn after_agent_async<F, Fut>(self, name: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(&RunContext, RunOutcome<'_>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.push_fn(
+            name,
+            FnHook::AfterAgentAsync(Box::new(move |ctx, o| Box::pin(f(ctx, o)))),
+        )
+    }
+
     /// Registers a middleware called `name` whose `on_error` is `f`: it sees
     /// the error of each run that failed. Its errors are logged.
     pub fn on_error<F>(self, name: impl Into<String>, f: F) -> Self
@@ -326,5 +386,19 @@ impl MiddlewareStack {
         F: Fn(&RunContext, &AgentError) -> Result<(), BoxError> + Send + Sync + 'static,
     {
         self.push_fn(name, FnHook::OnError(Box::new(f)))
+    }
+
+    /// Like [`on_error`](Self::on_error), async: `f` reads what it needs of
+    /// the context and the error, and answers a future that owns it (to page
+    /// someone, say). Its errors are logged.
+    pub fn on_error_async<F, Fut>(self, name: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(&RunContext, &AgentError) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.push_fn(
+            name,
+            FnHook::OnErrorAsync(Box::new(move |ctx, e| Box::pin(f(ctx, e)))),
+        )
     }
 }

@@ -19,8 +19,8 @@
 //! - closures on the stack, for one hook and no lifetimes:
 //!   [`MiddlewareStack::before_model`], `before_run`, `after_model`,
 //!   `before_tool` (a verdict), `after_tool`, `after_agent`, `on_error`, and
-//!   async forms (`before_model_async`, `before_tool_async`,
-//!   `after_tool_async`);
+//!   an async form of each (`before_run_async`, `before_model_async`, …,
+//!   `on_error_async`);
 //! - a type implementing [`Middleware`], pushed with
 //!   [`push`](MiddlewareStack::push);
 //! - a wrap-only [`ModelMiddleware`] / [`ToolMiddleware`] or a [`from_fn`]
