@@ -593,7 +593,7 @@ impl RunContext {
     }
 
     /// Takes the texts [`add_context`](Self::add_context) collected.
-    pub fn take_context(&self) -> Vec<String> {
+    pub(crate) fn take_context(&self) -> Vec<String> {
         self.read_rare(part::CONTEXT, |rare| {
             std::mem::take(&mut rare.pending_context)
         })

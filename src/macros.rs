@@ -10,6 +10,15 @@
 /// }
 /// ```
 ///
+/// A service that must know when its inner service may have changed runs a
+/// statement before handing it out mutably, and says so in `get_mut`'s doc:
+///
+/// ```ignore
+/// inner_accessors!(inner: S;
+///     /// Retries after this go to clones of the service as changed.
+///     get_mut: |s| s.stale = true);
+/// ```
+///
 /// A service whose inner service sits deeper names the three paths:
 ///
 /// ```ignore
@@ -33,6 +42,25 @@ macro_rules! inner_accessors {
         pub fn into_inner(self) -> $inner {
             let $i = self;
             $into
+        }
+    };
+    ($field:ident : $inner:ty; $(#[$doc:meta])* get_mut: |$m:ident| $touch:expr) => {
+        /// The inner service.
+        pub fn get_ref(&self) -> &$inner {
+            &self.$field
+        }
+
+        /// The inner service, mutably.
+        $(#[$doc])*
+        pub fn get_mut(&mut self) -> &mut $inner {
+            let $m = &mut *self;
+            $touch;
+            &mut self.$field
+        }
+
+        /// The inner service, unwrapped.
+        pub fn into_inner(self) -> $inner {
+            self.$field
         }
     };
     ($field:ident : $inner:ty) => {

@@ -8,7 +8,7 @@ use tower::Layer;
 
 use super::limiter::Limiter;
 use super::limits::{Config, Limits};
-use super::{ModelRateLimit, Slot};
+use super::service::ModelRateLimit;
 use crate::error::AgentError;
 use crate::request::ModelCall;
 use crate::stores::quota::QuotaStore;
@@ -193,10 +193,6 @@ impl<S> Layer<S> for ModelRateLimitLayer {
     type Service = ModelRateLimit<S>;
 
     fn layer(&self, inner: S) -> ModelRateLimit<S> {
-        ModelRateLimit {
-            inner,
-            limiter: self.limiter(),
-            slot: Slot::Empty,
-        }
+        ModelRateLimit::new(inner, self.limiter())
     }
 }

@@ -215,22 +215,9 @@ impl<S: Clone> LlmRetry<S> {
 }
 
 impl<S> LlmRetry<S> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably. Retries after this go to clones of the
-    /// service as changed.
-    pub fn get_mut(&mut self) -> &mut S {
-        self.detour |= STALE;
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!(inner: S;
+        /// Retries after this go to clones of the service as changed.
+        get_mut: |retry| retry.detour |= STALE);
 }
 
 impl<S: fmt::Debug> fmt::Debug for LlmRetry<S> {
