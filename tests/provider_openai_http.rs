@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tower::ServiceExt;
-use tower_agent::error::{find, kind_of, retry_after};
+use tower_agent::error::{find, kind_of, retry_after, TimeoutSource};
 use tower_agent::service::openai::{BrokenResponse, OpenAiChat};
 use tower_agent::types::{FinishReason, Message, ModelDelta, ModelRequest, ToolCall, Usage};
 use tower_agent::{AgentError, DeltaSink, ErrorKind, ModelCall, RunContext};
@@ -241,6 +241,43 @@ async fn a_stalled_server_times_out_at_the_shorter_of_timeout_and_deadline() {
     let err = chat.oneshot(call).await.unwrap_err();
     assert_eq!(kind_of(err.as_ref()), ErrorKind::Timeout);
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_stops_coming_times_out_naming_the_time_allowed() {
+    let first = STREAM
+        .split_inclusive("\n\n")
+        .next()
+        .unwrap()
+        .as_bytes()
+        .to_vec();
+    let server = TestServer::start(vec![
+        Reply::sse(vec![first]).then_stall(),
+        Reply::json(200, &br#"{"id": "chatcmpl-1", "choices": ["#[..]).then_stall(),
+    ])
+    .await;
+    let chat = OpenAiChat::builder(&server.url)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+
+    // A stream that stops after its first delta.
+    let (sink, mut rx) = DeltaSink::channel();
+    let mut streamed = call("hi");
+    streamed.stream = Some(sink);
+    let err = AgentError::classify(chat.clone().oneshot(streamed).await.unwrap_err());
+    assert_eq!(
+        err.timeout_source(),
+        Some((TimeoutSource::Provider, Some(Duration::from_secs(30))))
+    );
+    assert_eq!(collect(&mut rx), vec![ModelDelta::text("Hel")]);
+
+    // A whole body that stops half way.
+    let err = AgentError::classify(chat.oneshot(call("hi")).await.unwrap_err());
+    assert_eq!(
+        err.timeout_source(),
+        Some((TimeoutSource::Provider, Some(Duration::from_secs(30))))
+    );
 }
 
 #[test]

@@ -71,6 +71,9 @@ pub struct Reply {
     pub chunks: Vec<Vec<u8>>,
     /// Never answer: hold the connection open until the client gives up.
     pub stall: bool,
+    /// After the chunks, hold the connection open instead of closing it: a
+    /// body that stops coming.
+    pub hold: bool,
 }
 
 impl Reply {
@@ -80,6 +83,7 @@ impl Reply {
             headers: vec![("content-type".into(), "application/json".into())],
             chunks: vec![body.into()],
             stall: false,
+            hold: false,
         }
     }
 
@@ -89,6 +93,7 @@ impl Reply {
             headers: vec![("content-type".into(), "text/event-stream".into())],
             chunks,
             stall: false,
+            hold: false,
         }
     }
 
@@ -98,7 +103,14 @@ impl Reply {
             headers: Vec::new(),
             chunks: Vec::new(),
             stall: true,
+            hold: false,
         }
+    }
+
+    /// The chunks, then nothing more while the connection stays open.
+    pub fn then_stall(mut self) -> Reply {
+        self.hold = true;
+        self
     }
 
     pub fn header(mut self, name: &str, value: &str) -> Reply {
@@ -185,13 +197,7 @@ async fn serve(mut socket: TcpStream, reply: Reply, seen: Arc<Mutex<Vec<Received
     };
     seen.lock().unwrap().push(request);
     if reply.stall {
-        let mut sink = [0u8; 64];
-        while let Ok(n) = socket.read(&mut sink).await {
-            if n == 0 {
-                break;
-            }
-        }
-        return;
+        return hold(socket).await;
     }
     let reason = http::StatusCode::from_u16(reply.status)
         .ok()
@@ -210,7 +216,20 @@ async fn serve(mut socket: TcpStream, reply: Reply, seen: Arc<Mutex<Vec<Received
             return;
         }
     }
+    if reply.hold {
+        return hold(socket).await;
+    }
     let _ = socket.shutdown().await;
+}
+
+/// Keeps the connection open, reading what comes, until the client closes it.
+async fn hold(mut socket: TcpStream) {
+    let mut sink = [0u8; 64];
+    while let Ok(n) = socket.read(&mut sink).await {
+        if n == 0 {
+            break;
+        }
+    }
 }
 
 async fn read_request(socket: &mut TcpStream) -> Option<Received> {

@@ -249,11 +249,13 @@ impl Endpoint {
                 format.decoder(model),
                 sink,
                 self.max_bytes,
-                transport,
+                |e, sent| transport(e, sent).allowed(timeout),
             )
             .await;
         }
-        let body = read_body(response, self.max_bytes).await.map_err(failed)?;
+        let body = read_body(response, self.max_bytes, timeout)
+            .await
+            .map_err(failed)?;
         let response = format
             .parse(&body, model)
             .map_err(|detail| failed(broken(detail, 0)))?;
@@ -280,11 +282,17 @@ fn send_whole(sink: &DeltaSink, response: &ModelResponse) {
     }
 }
 
-async fn read_body(response: reqwest::Response, max: usize) -> Result<Vec<u8>, ProviderError> {
+/// Reads a whole body of at most `max` bytes; a timeout names the time
+/// the call was `allowed`.
+async fn read_body(
+    response: reqwest::Response,
+    max: usize,
+    allowed: Option<Duration>,
+) -> Result<Vec<u8>, ProviderError> {
     let mut body = Vec::new();
     let mut chunks = response.bytes_stream();
     while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|e| transport(e, 0))?;
+        let chunk = chunk.map_err(|e| transport(e, 0).allowed(allowed))?;
         if body.len().saturating_add(chunk.len()) > max {
             return Err(broken(
                 format!("the response is larger than {max} bytes"),
