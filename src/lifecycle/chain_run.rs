@@ -154,7 +154,7 @@ impl<Req: WrapRequest> Hooked<'_, Req> {
                 Box::new(panicked(&self.entry.name, hook, &*panic))
             }
         };
-        let err = Req::link_error(err, &self.entry.name);
+        let err = Req::middleware_error(err, &self.entry.name);
         Poll::Ready(Err(own_failure(&self.ctx, self.home, err)))
     }
 }

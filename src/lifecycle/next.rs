@@ -333,7 +333,7 @@ async fn walk<Req: WrapRequest>(next: Next<Req>, req: Req) -> Walked<Req> {
         Err(run) => run.await,
         Ok((entry, ctx, home, future)) => {
             let result = guarded(&ctx, &entry.name, Req::wrap_hook(), || future).await;
-            result.map_err(|err| own_failure(&ctx, home, Req::link_error(err, &entry.name)))
+            result.map_err(|err| own_failure(&ctx, home, Req::middleware_error(err, &entry.name)))
         }
     };
     Walked::Done(result)

@@ -225,7 +225,7 @@ pub(crate) mod sealed {
         where
             Self: WrapRequest;
         /// What the error of a middleware in a lifecycle chain becomes.
-        fn link_error(err: BoxError, name: &str) -> BoxError;
+        fn middleware_error(err: BoxError, name: &str) -> BoxError;
     }
 }
 
@@ -286,7 +286,7 @@ impl sealed::Plumbing for ModelCall {
         Err(err)
     }
 
-    fn link_error(err: BoxError, name: &str) -> BoxError {
+    fn middleware_error(err: BoxError, name: &str) -> BoxError {
         name_tripwire(err, name, HookPoint::WrapModel.as_str())
     }
 }
@@ -346,7 +346,7 @@ impl sealed::Plumbing for ToolInvocation {
         tool_failure(ctx, name.as_str(), AgentError::classify(err)).map_err(Into::into)
     }
 
-    fn link_error(err: BoxError, name: &str) -> BoxError {
+    fn middleware_error(err: BoxError, name: &str) -> BoxError {
         Box::new(attribute(err, name, HookPoint::WrapTool))
     }
 }

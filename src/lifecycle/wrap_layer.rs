@@ -53,7 +53,7 @@ use crate::request::{ModelCall, ToolInvocation};
 #[derive(Clone)]
 pub struct WrapModelLayer {
     name: Arc<str>,
-    link: Arc<dyn ModelMiddleware>,
+    middleware: Arc<dyn ModelMiddleware>,
 }
 
 impl WrapModelLayer {
@@ -62,7 +62,7 @@ impl WrapModelLayer {
         let middleware: Arc<dyn ModelMiddleware> = Arc::new(middleware);
         Self {
             name: Arc::from(middleware.name()),
-            link: middleware,
+            middleware,
         }
     }
 }
@@ -80,7 +80,7 @@ impl fmt::Debug for WrapModelLayer {
 #[derive(Clone)]
 pub struct WrapToolLayer {
     name: Arc<str>,
-    link: Arc<dyn ToolMiddleware>,
+    middleware: Arc<dyn ToolMiddleware>,
 }
 
 impl WrapToolLayer {
@@ -89,7 +89,7 @@ impl WrapToolLayer {
         let middleware: Arc<dyn ToolMiddleware> = Arc::new(middleware);
         Self {
             name: Arc::from(middleware.name()),
-            link: middleware,
+            middleware,
         }
     }
 }
@@ -103,13 +103,13 @@ impl fmt::Debug for WrapToolLayer {
 }
 
 macro_rules! wrap_service {
-    ($layer:ident, $service:ident, $link:ident, $req:ty, $next:ty, $method:ident, $doc:literal) => {
+    ($layer:ident, $service:ident, $middleware_trait:ident, $req:ty, $next:ty, $method:ident, $doc:literal) => {
         #[doc = $doc]
         #[derive(Clone)]
         pub struct $service<S> {
             inner: S,
             name: Arc<str>,
-            link: Arc<dyn $link>,
+            middleware: Arc<dyn $middleware_trait>,
         }
 
         impl<S> $service<S> {
@@ -131,7 +131,7 @@ macro_rules! wrap_service {
                 $service {
                     inner,
                     name: self.name.clone(),
-                    link: self.link.clone(),
+                    middleware: self.middleware.clone(),
                 }
             }
         }
@@ -167,14 +167,14 @@ macro_rules! wrap_service {
                     &req,
                 );
                 let name = self.name.clone();
-                let link = self.link.clone();
+                let middleware = self.middleware.clone();
                 super::ResponseFuture::new(async move {
                     let ctx = req.context().clone();
                     guarded(
                         &ctx,
                         &name,
                         <$req as super::wrap::sealed::Plumbing>::wrap_hook(),
-                        || link.$method(req, next),
+                        || middleware.$method(req, next),
                     )
                     .await
                 })

@@ -1,10 +1,10 @@
-//! [`Levels`]: the placement levels one frame of hooks is composed from.
+//! [`Levels`]: the placement levels a run's installed hooks are composed from.
 
 use std::sync::Arc;
 
 use crate::lifecycle::stack::CompiledStack;
 
-/// The levels of one frame of hooks, composed in this order (the first
+/// The levels of a run's installed hooks, composed in this order (the first
 /// outermost). `agent` and `agent_builtins` belong to the agent running the
 /// run; a handoff replaces them, the others stay.
 #[derive(Clone)]
