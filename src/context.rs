@@ -445,7 +445,7 @@ impl RunContext {
         if let Some(cost) = cost {
             self.emit(|| AgentEvent::CostRecorded {
                 run_id: self.run_id().clone(),
-                model: model.to_string(),
+                model: model.clone(),
                 usage,
                 cost,
             });

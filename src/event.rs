@@ -59,7 +59,7 @@ pub enum AgentEvent {
         /// The turn, from 1.
         iteration: u32,
         /// The model named in the request.
-        model: String,
+        model: ModelName,
     },
     /// A model call came back.
     ModelCallCompleted {
@@ -68,7 +68,7 @@ pub enum AgentEvent {
         /// The turn, from 1.
         iteration: u32,
         /// The model that answered.
-        model: String,
+        model: ModelName,
         /// Its usage.
         usage: Usage,
         /// Why it stopped, or `None` when it failed.
@@ -198,7 +198,7 @@ pub enum AgentEvent {
         /// The run.
         run_id: Arc<str>,
         /// The model the request named.
-        model: String,
+        model: ModelName,
     },
     /// A call waited for rate-limit capacity.
     RateLimitWait {
@@ -244,7 +244,7 @@ pub enum AgentEvent {
         /// The run that made the call.
         run_id: Arc<str>,
         /// The model that answered.
-        model: String,
+        model: ModelName,
         /// Its usage.
         usage: Usage,
         /// Its price.

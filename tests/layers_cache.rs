@@ -35,7 +35,7 @@ fn cache_hits(sink: &CollectingSink) -> Vec<String> {
     sink.events()
         .into_iter()
         .filter_map(|e| match e {
-            AgentEvent::CacheHit { model, .. } => Some(model),
+            AgentEvent::CacheHit { model, .. } => Some(model.into()),
             _ => None,
         })
         .collect()

@@ -368,7 +368,7 @@ fn hit(mut response: ModelResponse, call: &ModelCall) -> ModelResponse {
     let ctx = &call.context;
     ctx.emit(|| AgentEvent::CacheHit {
         run_id: ctx.run_id().clone(),
-        model: call.request.model.to_string(),
+        model: call.request.model.clone(),
     });
     response
 }

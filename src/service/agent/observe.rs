@@ -261,7 +261,7 @@ impl<'a> ModelCallObserver<'a> {
         ctx.emit(|| AgentEvent::ModelCallStarted {
             run_id: ctx.run_id().clone(),
             iteration: turn,
-            model: model.to_string(),
+            model: model.clone(),
         });
         tracing::debug!(
             target: TARGET,
@@ -313,7 +313,7 @@ impl<'a> ModelCallObserver<'a> {
         ctx.emit(|| AgentEvent::ModelCallCompleted {
             run_id: ctx.run_id().clone(),
             iteration: self.turn,
-            model: response.model.to_string(),
+            model: response.model.clone(),
             usage: response.usage,
             finish_reason: Some(response.finish_reason.clone()),
             error: None,
@@ -345,7 +345,7 @@ impl<'a> ModelCallObserver<'a> {
         ctx.emit(|| AgentEvent::ModelCallCompleted {
             run_id: ctx.run_id().clone(),
             iteration: self.turn,
-            model: self.model.to_string(),
+            model: self.model.clone(),
             usage: Usage::default(),
             finish_reason: None,
             error: Some(code),
