@@ -24,6 +24,8 @@ NPM_DIR="$PEERS/npm"
 VENV="$PEERS/venv"
 LOGS="$PEERS/logs"
 mkdir -p "$NPM_DIR" "$LOGS"
+# shellcheck source=scripts/peers/ports.sh
+source "$ROOT/scripts/peers/ports.sh"
 
 PIDS=()
 cleanup() {
@@ -41,11 +43,6 @@ fail() {
   exit 1
 }
 
-# A free TCP port on 127.0.0.1.
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-
 # Waits (at most 30 s) until 127.0.0.1:$1 accepts connections; fails if $2 died.
 wait_port() {
   local port="$1" pid="$2" what="$3"
@@ -53,7 +50,7 @@ wait_port() {
     if ! kill -0 "$pid" 2>/dev/null; then
       fail "$what exited before listening on port $port; its log: $(tail -n 20 "$LOGS/$what.log" 2>/dev/null)"
     fi
-    if python3 -c "import socket,sys; s=socket.socket(); s.settimeout(0.2); sys.exit(s.connect_ex(('127.0.0.1', $port)))" 2>/dev/null; then
+    if port_open "$port"; then
       return 0
     fi
     sleep 0.1
