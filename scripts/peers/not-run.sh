@@ -2,7 +2,7 @@
 # What a run of the tests left out, so that the last line of the run says so
 # even when more steps follow the peer scripts (`.ci/run`). The peer scripts
 # add a line to .peers/not-run for each suite an opt-out variable left out
-# (TOWER_AGENT_NO_LLAMA=1); scripts/test.sh and
+# (TOWER_AGENT_NO_LLAMA=1, TOWER_AGENT_NO_PYTHON=1); scripts/test.sh and
 # `.ci/run` clear it when they start, so a line of an earlier run is never
 # printed, and print it as their last line.
 #

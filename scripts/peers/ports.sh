@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Port helpers the peer scripts source. They need no Python: Node.js (which
-# the npm peers need anyway) when it is here, else bash alone (/dev/tcp).
+# the npm peers need anyway) when it is here, else bash alone (/dev/tcp), so
+# that TOWER_AGENT_NO_PYTHON=1 runs on a machine without python3.
 
 # Whether something accepts connections on 127.0.0.1:$1 (bash's /dev/tcp).
 port_open() {
