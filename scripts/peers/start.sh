@@ -69,6 +69,7 @@ mkdir -p "$PEERS" "$CACHE"
 # Stale peers of an earlier start go first.
 bash "$ROOT/scripts/peers/stop.sh" --quiet || true
 # A start that fails stops what it had started.
+# shellcheck disable=SC2154  # status is assigned in the trap itself
 trap 'status=$?; if (( status != 0 )); then bash "$ROOT/scripts/peers/stop.sh" --quiet || true; fi; exit $status' EXIT
 
 # Runs "$@" holding the cache's lock, so two clones do not install into it
