@@ -4,8 +4,11 @@
 //!
 //! The workload: a 3-turn run (model → tool → model → tool → model) of an
 //! [`Agent`] on an in-process [`ScriptedModel`], with no middleware and with a
-//! [`LifecycleLayer`] of 8 no-op [`Middleware`] (each overrides no hook), on
-//! tokio's current-thread runtime, as the peers run on one asyncio loop.
+//! [`LifecycleLayer`] of 8 no-op [`Middleware`] (each overrides
+//! `before_model` and `after_model` to do nothing, as each peer's no-op
+//! overrides a before-model and an after-model hook: a hook not overridden
+//! would be skipped by the stack and measure nothing), on tokio's
+//! current-thread runtime, as the peers run on one asyncio loop.
 //!
 //! 1. `concurrent`: after a few warm-up runs, 1,000 runs at once on a model
 //!    that answers after 50 ms; the wall time, and the peak resident memory
@@ -27,10 +30,11 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 use tower::{Layer, ServiceExt};
-use tower_agent::lifecycle::{LifecycleLayer, Middleware, MiddlewareStack};
-use tower_agent::types::{ModelRequest, Role};
+use tower_agent::lifecycle::{Hook, LifecycleLayer, Middleware, MiddlewareStack};
+use tower_agent::types::{History, ModelRequest, ModelResponse, Role};
 use tower_agent::{
-    tool_sync, Agent, AgentError, BoxError, RunRequest, ScriptedModel, ScriptedTurn, ToolRouter,
+    tool_sync, Agent, AgentError, BoxError, RunContext, RunRequest, ScriptedModel, ScriptedTurn,
+    ToolRouter,
 };
 
 const CONCURRENT: usize = 1000;
@@ -40,12 +44,21 @@ const SAMPLES: usize = 5;
 const SAMPLE_TIME: Duration = Duration::from_millis(500);
 const MODEL_CALLS: f64 = 3.0;
 
-/// A middleware that overrides no hook.
+/// A middleware whose `before_model` and `after_model` run and do nothing,
+/// like the peers' no-op middleware.
 struct Noop;
 
 impl Middleware for Noop {
     fn name(&self) -> &str {
         "noop"
+    }
+
+    fn before_model<'a>(&'a self, _: &'a RunContext, _: &'a mut History) -> Hook<'a, ()> {
+        Hook::ok(())
+    }
+
+    fn after_model<'a>(&'a self, _: &'a RunContext, _: &'a mut ModelResponse) -> Hook<'a, ()> {
+        Hook::ok(())
     }
 }
 
@@ -205,7 +218,7 @@ async fn main() -> Result<(), BoxError> {
     let mut result = json!({
         "peer": "tower-agent",
         "version": format!("tower-agent {}", env!("CARGO_PKG_VERSION")),
-        "middleware": "Middleware overriding no hook, in a LifecycleLayer",
+        "middleware": "Middleware with before_model/after_model returning Hook::ok(()), in a LifecycleLayer",
     });
     for part in [concurrent().await?, per_run().await?] {
         if let (Some(all), serde_json::Value::Object(more)) = (result.as_object_mut(), part) {
