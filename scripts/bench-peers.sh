@@ -63,12 +63,22 @@ fi
 
 cd "$ROOT"
 log "building examples/bench_peers.rs (release)"
-cargo build --quiet --release --example bench_peers >&2
+# The executable is where cargo says it built it (CARGO_TARGET_DIR, a
+# configured target-dir or ./target), read from its JSON messages.
+BENCH="$(cargo build --quiet --release --example bench_peers --message-format=json-render-diagnostics \
+  | "$VENV/bin/python" -c '
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "bench_peers" and msg.get("executable"):
+        print(msg["executable"])
+')"
+[[ -n "$BENCH" && -x "$BENCH" ]] || { log "cargo named no bench_peers executable"; exit 1; }
 
 results="$(mktemp)"
 trap 'rm -f "$results"' EXIT
-log "tower-agent"
-"$ROOT/target/release/examples/bench_peers" >> "$results"
+log "tower-agent ($BENCH)"
+"$BENCH" >> "$results"
 for peer in "${PEERS[@]}"; do
   log "$peer"
   "$VENV/bin/python" "$ROOT/scripts/bench_peers/$peer.py" >> "$results"

@@ -6,6 +6,12 @@
 # the #[ignore]d tests, and stops everything on every exit path. A peer that
 # cannot be installed or started fails the script with the reason.
 # Extra arguments go to the test binaries, e.g. `--nocapture`.
+#
+# Environment:
+#   TOWER_AGENT_NO_PYTHON=1   for a machine without python3: leaves out the
+#                             `openai` Python client suite
+#                             (tests/serve_openai_client.rs) and says so in
+#                             the last line; nothing else here needs Python.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -24,26 +30,37 @@ NPM_DIR="$PEERS/npm"
 VENV="$PEERS/venv"
 LOGS="$PEERS/logs"
 mkdir -p "$NPM_DIR" "$LOGS"
+# shellcheck source=scripts/peers/ports.sh
+source "$ROOT/scripts/peers/ports.sh"
+
+NO_PYTHON=0
+NOT_RUN=""
+if [[ "${TOWER_AGENT_NO_PYTHON:-0}" == "1" ]]; then
+  NO_PYTHON=1
+  NOT_RUN="tests/serve_openai_client.rs, the official openai Python client (TOWER_AGENT_NO_PYTHON=1)"
+  bash "$ROOT/scripts/peers/not-run.sh" add "$NOT_RUN"
+fi
 
 PIDS=()
 cleanup() {
-  local pid
+  local status=$? pid
   for pid in "${PIDS[@]:-}"; do
     [[ -n "$pid" ]] || continue
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   done
+  if [[ -n "$NOT_RUN" ]]; then
+    printf '[edge] NOT RUN: %s\n' "$NOT_RUN"
+  fi
+  exit "$status"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 fail() {
   printf '\n[edge] FAILED: %s\n\n' "$*" >&2
   exit 1
-}
-
-# A free TCP port on 127.0.0.1.
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
 # Waits (at most 30 s) until 127.0.0.1:$1 accepts connections; fails if $2 died.
@@ -53,7 +70,7 @@ wait_port() {
     if ! kill -0 "$pid" 2>/dev/null; then
       fail "$what exited before listening on port $port; its log: $(tail -n 20 "$LOGS/$what.log" 2>/dev/null)"
     fi
-    if python3 -c "import socket,sys; s=socket.socket(); s.settimeout(0.2); sys.exit(s.connect_ex(('127.0.0.1', $port)))" 2>/dev/null; then
+    if port_open "$port"; then
       return 0
     fi
     sleep 0.1
@@ -92,12 +109,16 @@ fi
 export TOWER_AGENT_CHROMIUM=/usr/bin/chromium
 
 # --- PyPI: the official openai client, in a venv --------------------------
-if ! "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
-  python3 -m venv "$VENV" >"$LOGS/venv.log" 2>&1 || fail "python3 -m venv failed: $(tail -n 20 "$LOGS/venv.log")"
-  "$VENV/bin/pip" install --quiet "openai==$OPENAI_VERSION" >"$LOGS/pip.log" 2>&1 \
-    || fail "pip install openai==$OPENAI_VERSION failed: $(tail -n 20 "$LOGS/pip.log")"
+if (( ! NO_PYTHON )); then
+  if ! "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
+    command -v python3 >/dev/null \
+      || fail "python3 is required for the openai client suite (tests/serve_openai_client.rs); set TOWER_AGENT_NO_PYTHON=1 to run the rest without it"
+    python3 -m venv "$VENV" >"$LOGS/venv.log" 2>&1 || fail "python3 -m venv failed: $(tail -n 20 "$LOGS/venv.log")"
+    "$VENV/bin/pip" install --quiet "openai==$OPENAI_VERSION" >"$LOGS/pip.log" 2>&1 \
+      || fail "pip install openai==$OPENAI_VERSION failed: $(tail -n 20 "$LOGS/pip.log")"
+  fi
+  export TOWER_AGENT_PYTHON="$VENV/bin/python"
 fi
-export TOWER_AGENT_PYTHON="$VENV/bin/python"
 
 # --- server-everything over streamable HTTP -------------------------------
 PORT="$(free_port)"
@@ -107,7 +128,9 @@ wait_port "$PORT" "$!" everything-http
 export TOWER_AGENT_MCP_EVERYTHING_URL="http://127.0.0.1:$PORT/mcp"
 
 TESTS=(--test mcp_servers)
-for t in serve_openai_client serve_viewer_browser; do
+SUITES=(serve_viewer_browser)
+(( NO_PYTHON )) || SUITES=(serve_openai_client "${SUITES[@]}")
+for t in "${SUITES[@]}"; do
   [[ -f "tests/$t.rs" ]] && TESTS+=(--test "$t")
 done
 cargo test --all-features "${TESTS[@]}" -- --ignored --test-threads=2 "$@"

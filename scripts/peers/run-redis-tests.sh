@@ -3,7 +3,8 @@
 # (Debian's package) when missing, starts it on 127.0.0.1 on a free port with
 # no persistence in a temporary directory, runs the ignored Redis tests, and
 # stops the server on every exit path. Fails, with the reason, when the
-# server cannot be installed or started: nothing passes by skipping.
+# server cannot be installed or started: nothing passes by skipping. Needs
+# no Python.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -33,8 +34,10 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-# A free port: bind port 0 and read what the kernel gave.
-PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
+# A free port (scripts/peers/ports.sh: Node.js, or bash alone; no Python).
+# shellcheck source=scripts/peers/ports.sh
+source scripts/peers/ports.sh
+PORT="$(free_port)"
 
 redis-server --bind 127.0.0.1 --port "$PORT" --dir "$DIR" \
     --save "" --appendonly no --daemonize no --logfile "$DIR/redis.log" &

@@ -5,17 +5,22 @@
 #   bash scripts/peers/run-tests.sh --nocapture
 #
 # A peer that cannot start fails the run, with the reason. Only
-# TOWER_AGENT_NO_LLAMA=1 leaves llama.cpp out, and then the run's last line
-# names what did not run.
+# TOWER_AGENT_NO_LLAMA=1, or TOWER_AGENT_NO_PYTHON=1 (a machine without
+# python3; it implies the other), leaves llama.cpp out, and then the run's
+# last line names what did not run (also recorded in .peers/not-run, for
+# scripts/test.sh and .ci/run to say last).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 
 NOT_RUN=""
-if [[ "${TOWER_AGENT_NO_LLAMA:-0}" == "1" ]]; then
+if [[ "${TOWER_AGENT_NO_PYTHON:-0}" == "1" ]]; then
+  NOT_RUN="tests/provider_llama.rs and the quickstart against llama.cpp (TOWER_AGENT_NO_PYTHON=1)"
+elif [[ "${TOWER_AGENT_NO_LLAMA:-0}" == "1" ]]; then
   NOT_RUN="tests/provider_llama.rs and the quickstart against llama.cpp (TOWER_AGENT_NO_LLAMA=1)"
 fi
+[[ -z "$NOT_RUN" ]] || bash "$ROOT/scripts/peers/not-run.sh" add "$NOT_RUN"
 finish() {
   local status=$?
   bash "$ROOT/scripts/peers/stop.sh"

@@ -24,8 +24,10 @@
 #
 # Environment:
 #   TOWER_AGENT_NO_LLAMA=1   do not install or start llama.cpp (for a machine
-#                            without Python, or one the wheel cannot run on);
-#                            .peers/env then says LLAMA_NOT_RUN=<why>
+#                            the wheel cannot run on); .peers/env then says
+#                            LLAMA_NOT_RUN=<why>
+#   TOWER_AGENT_NO_PYTHON=1  a machine without python3: implies
+#                            TOWER_AGENT_NO_LLAMA=1
 #   TOWER_AGENT_CACHE=DIR    where installs are cached
 #
 # Exit status: 0 when every peer that should run is up; 1, with the reason,
@@ -47,19 +49,27 @@ log() { printf '[peers] %s\n' "$*" >&2; }
 die() { printf '[peers] ERROR: %s\n' "$*" >&2; exit 1; }
 
 NO_LLAMA=0
-[[ "${TOWER_AGENT_NO_LLAMA:-0}" == "1" ]] && NO_LLAMA=1
+NO_LLAMA_WHY=""
+if [[ "${TOWER_AGENT_NO_PYTHON:-0}" == "1" ]]; then
+  NO_LLAMA=1
+  NO_LLAMA_WHY="TOWER_AGENT_NO_PYTHON=1"
+elif [[ "${TOWER_AGENT_NO_LLAMA:-0}" == "1" ]]; then
+  NO_LLAMA=1
+  NO_LLAMA_WHY="TOWER_AGENT_NO_LLAMA=1"
+fi
 
 command -v node >/dev/null || die "node (20 or newer) is required for aimock"
 command -v npm >/dev/null || die "npm is required for aimock"
 if (( ! NO_LLAMA )); then
   command -v python3 >/dev/null \
-    || die "python3 is required for the llama.cpp peer (or set TOWER_AGENT_NO_LLAMA=1 to run without the llama.cpp tests)"
+    || die "python3 is required for the llama.cpp peer (or set TOWER_AGENT_NO_PYTHON=1 to run without the suites that need Python)"
 fi
 
 mkdir -p "$PEERS" "$CACHE"
 # Stale peers of an earlier start go first.
 bash "$ROOT/scripts/peers/stop.sh" --quiet || true
 # A start that fails stops what it had started.
+# shellcheck disable=SC2154  # status is assigned in the trap itself
 trap 'status=$?; if (( status != 0 )); then bash "$ROOT/scripts/peers/stop.sh" --quiet || true; fi; exit $status' EXIT
 
 # Runs "$@" holding the cache's lock, so two clones do not install into it
@@ -140,8 +150,8 @@ env_line AIMOCK_URL "http://127.0.0.1:$AIMOCK_PORT/v1"
 
 # --- llama.cpp ----------------------------------------------------------------
 if (( NO_LLAMA )); then
-  log "TOWER_AGENT_NO_LLAMA=1: not starting llama.cpp"
-  env_line LLAMA_NOT_RUN "TOWER_AGENT_NO_LLAMA=1 was set"
+  log "$NO_LLAMA_WHY: not starting llama.cpp"
+  env_line LLAMA_NOT_RUN "$NO_LLAMA_WHY was set"
   mv "$ENV_TMP" "$PEERS/env"
   exit 0
 fi
