@@ -4,7 +4,10 @@
 //! to do this time" (`Hook::skip`, `Wrapped::next`), so the stack calls
 //! every hook every time. `closure_1`: one closure middleware with a
 //! `before_model` hook, the common case, whose other hook points the stack
-//! knows are absent. `defaults_8`: eight middleware that override nothing,
+//! knows are absent. `lifecycle_hooks_1`: one middleware overriding every
+//! hook but `wrap_model`, `wrap_tool` and the delta hooks, so that the cost
+//! of the wrap chain reads as `middleware_1` less this one. `defaults_8`:
+//! eight middleware that override nothing,
 //! which the stack learns and skips. The figure per hook is
 //! (time(N) − time(1)) / ((N − 1) × hooks fired per middleware per run);
 //! the number of hooks fired is counted once and printed. Targets: the
@@ -145,6 +148,95 @@ impl Middleware for Noop {
     }
 }
 
+/// Overrides every hook but the wrap and delta hooks: what the first
+/// middleware costs without a wrap chain.
+struct LifecycleOnly;
+
+#[allow(unused_variables)]
+impl Middleware for LifecycleOnly {
+    fn name(&self) -> &str {
+        "lifecycle-only"
+    }
+    fn before_agent<'a>(&'a self, _: &'a RunContext, _: RunStart) -> Hook<'a, Option<String>> {
+        Hook::skip()
+    }
+    fn before_run<'a>(
+        &'a self,
+        _: &'a RunContext,
+        _: &'a mut Message,
+        _: &'a History,
+    ) -> Hook<'a, Option<String>> {
+        Hook::skip()
+    }
+    fn before_model<'a>(&'a self, _: &'a RunContext, _: &'a mut History) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+    fn after_model<'a>(&'a self, _: &'a RunContext, _: &'a mut ModelResponse) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+    fn before_tool<'a>(
+        &'a self,
+        _: &'a RunContext,
+        _: &'a ToolCall,
+        _: bool,
+    ) -> Hook<'a, ToolVerdict> {
+        Hook::skip()
+    }
+    fn after_tool<'a>(
+        &'a self,
+        _: &'a RunContext,
+        _: &'a ToolCall,
+        _: &'a mut ToolOutput,
+    ) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+    fn after_tool_batch<'a>(
+        &'a self,
+        _: &'a RunContext,
+        _: &'a [ToolCallResult<'a>],
+    ) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+    fn before_stop<'a>(
+        &'a self,
+        _: &'a RunContext,
+        _: &'a Message,
+        _: u32,
+    ) -> Hook<'a, Option<String>> {
+        Hook::skip()
+    }
+    fn before_compaction<'a>(&'a self, _: &'a RunContext, _: &'a History) -> Hook<'a, bool> {
+        Hook::skip()
+    }
+    fn after_compaction<'a>(&'a self, _: &'a RunContext, _: &'a Compaction) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+    fn before_model_switch<'a>(
+        &'a self,
+        _: &'a RunContext,
+        _: &'a str,
+        _: &'a str,
+    ) -> Hook<'a, bool> {
+        Hook::skip()
+    }
+    fn decide_approval<'a>(
+        &'a self,
+        _: &'a RunContext,
+        _: &'a ToolCall,
+    ) -> Hook<'a, Option<ApprovalDecision>> {
+        Hook::skip()
+    }
+    fn on_notification<'a>(&'a self, _: &'a RunContext, _: &'a Notification) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+    fn on_error<'a>(&'a self, _: &'a RunContext, _: &'a AgentError) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+    fn after_agent<'a>(&'a self, _: &'a RunContext, _: RunOutcome<'a>) -> Hook<'a, ()> {
+        Hook::skip()
+    }
+}
+
 /// Overrides nothing.
 struct Defaults;
 
@@ -194,6 +286,10 @@ fn cases() -> Vec<(String, tower_agent::BoxAgent)> {
         ));
     }
     cases.push(("closure_1".to_owned(), boxed(closure_1())));
+    cases.push((
+        "lifecycle_hooks_1".to_owned(),
+        boxed(LifecycleLayer::new(MiddlewareStack::new().push(LifecycleOnly)).layer(agent())),
+    ));
     let stack = (0..8).fold(MiddlewareStack::new(), |stack, _| stack.push(Defaults));
     cases.push((
         "defaults_8".to_owned(),
@@ -251,6 +347,11 @@ fn lifecycle(c: &mut Criterion) {
     group.bench_function("closure_1", |b| {
         b.to_async(&rt)
             .iter(|| closure.clone().oneshot(RunRequest::new("hi")));
+    });
+    let hooks_only = LifecycleLayer::new(MiddlewareStack::new().push(LifecycleOnly)).layer(agent());
+    group.bench_function("lifecycle_hooks_1", |b| {
+        b.to_async(&rt)
+            .iter(|| hooks_only.clone().oneshot(RunRequest::new("hi")));
     });
     let stack = (0..8).fold(MiddlewareStack::new(), |stack, _| stack.push(Defaults));
     let layered = LifecycleLayer::new(stack).layer(agent());
