@@ -375,6 +375,68 @@ async fn a_panic_called_outside_a_run_reads_as_a_failure() {
     assert_eq!(read.by_id(), expected);
 }
 
+/// A tool stack that panics in `call` rather than in its future.
+#[derive(Clone)]
+struct PanicsInCall;
+
+impl tower::Service<ToolInvocation> for PanicsInCall {
+    type Response = ToolOutput;
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<ToolOutput, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _invocation: ToolInvocation) -> Self::Future {
+        panic!("secret in call")
+    }
+}
+
+#[tokio::test]
+async fn a_panic_in_the_tool_stacks_call_is_the_tools_panic() {
+    for path in [
+        Path::NoHooks,
+        Path::BeforeToolOnly,
+        Path::WrapNext,
+        Path::WrapFuture,
+        Path::FromFnOnTheStack,
+    ] {
+        let model = ScriptedModel::new([
+            ScriptedTurn::tool_call("explode", "{}"),
+            ScriptedTurn::text("done"),
+        ]);
+        let read = Read::default();
+        let builder = Agent::builder("panics")
+            .model(model.clone())
+            .tools(tools())
+            .tool_layer(tower::layer::layer_fn(|_| PanicsInCall));
+        let agent = path.agent(builder, &read).build().unwrap();
+        let sink = CollectingSink::new();
+        let ctx = RunContext::builder().events(sink.clone()).build();
+        let run = agent
+            .oneshot(RunRequest::new("go").context(ctx))
+            .await
+            .unwrap();
+        assert_eq!(run.output, "done", "{path:?}");
+        let texts: Vec<String> = model.requests()[1]
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .map(|m| m.text().into_owned())
+            .collect();
+        assert_eq!(texts, [HIDDEN[0]], "{path:?}");
+        let panic = sink.events().into_iter().find_map(|e| match e {
+            AgentEvent::ToolCallCompleted { panic, .. } => Some(panic),
+            _ => None,
+        });
+        assert_eq!(panic, Some(Some("secret in call".to_owned())), "{path:?}");
+    }
+}
+
 #[tokio::test]
 async fn after_a_handoff_the_target_agent_decides() {
     for show in [false, true] {

@@ -542,14 +542,16 @@ impl<Req: WrapRequest> Future for CallInnermost<Req> {
             if let Err(err) = ready!(this.service.poll_ready(cx)) {
                 return Poll::Ready(Err(err));
             }
-            let req = this
-                .req
-                .take()
-                .expect("CallInnermost polled after completion");
-            this.call = Some(this.service.call(req));
         }
-        let call = this.call.as_mut().expect("called above");
-        let answer = match catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
+        let (service, req, call) = (&mut this.service, &mut this.req, &mut this.call);
+        // A service may panic in `call` as well as in its future (a tool
+        // that runs inline): both are the tool's panic.
+        let answer = match catch_unwind(AssertUnwindSafe(|| {
+            let call = call.get_or_insert_with(|| {
+                service.call(req.take().expect("CallInnermost polled after completion"))
+            });
+            call.as_mut().poll(cx)
+        })) {
             Ok(Poll::Pending) => return Poll::Pending,
             Ok(Poll::Ready(answer)) => Ok(answer),
             Err(panic) => Err(panic),
