@@ -103,6 +103,9 @@ struct Inner {
     /// Set once a lifecycle layer brackets the run (see
     /// [`RunContext::mark_bracketed`]).
     bracketed: AtomicBool,
+    /// Whether the model of the agent running the run reads a tool's panic
+    /// message (see [`RunContext::set_show_tool_panics`]).
+    show_tool_panics: AtomicBool,
 }
 
 /// What the run's handles change as it goes: a pointer or two each, so one
@@ -158,6 +161,10 @@ struct Rare {
     /// What hooks handed the run before it began: context for this run
     /// only, and the thread's earlier messages.
     prelude: Prelude,
+    /// The panics of tool calls that became their error result below a
+    /// wrap hook, by call id, until the run takes them for the calls'
+    /// events (see [`RunContext::note_tool_panic`]).
+    tool_panics: Vec<(String, String)>,
 }
 
 /// See [`RunContext::add_run_context`] and [`RunContext::provide_history`].
@@ -176,6 +183,7 @@ mod part {
     pub(super) const TOOLS: u8 = 1 << 4;
     pub(super) const RUN_CONTEXT: u8 = 1 << 5;
     pub(super) const HISTORY: u8 = 1 << 6;
+    pub(super) const TOOL_PANICS: u8 = 1 << 7;
 }
 
 /// The sink of a context built without one: one for the process, so a
@@ -257,6 +265,7 @@ impl RunContext {
                 stop_unattributed: AtomicBool::new(false),
                 rare_parts: AtomicU8::new(rare_parts),
                 bracketed: AtomicBool::new(false),
+                show_tool_panics: AtomicBool::new(false),
             }),
         }
     }
@@ -730,6 +739,43 @@ impl RunContext {
             .flatten()
     }
 
+    /// Sets whether the model of the agent running the run reads a tool's
+    /// panic message: the agent's `show_tool_panics`, set when its run
+    /// starts and when the run is handed over to it.
+    pub(crate) fn set_show_tool_panics(&self, show: bool) {
+        self.inner.show_tool_panics.store(show, Ordering::Relaxed);
+    }
+
+    /// Whether the model reads a tool's panic message. See
+    /// [`set_show_tool_panics`](Self::set_show_tool_panics).
+    pub(crate) fn shows_tool_panics(&self) -> bool {
+        self.inner.show_tool_panics.load(Ordering::Relaxed)
+    }
+
+    /// Notes that the tool call `call_id` panicked with `message`, which
+    /// its result for the model leaves out unless told otherwise: kept for
+    /// the call's event until [`take_tool_panic`](Self::take_tool_panic).
+    /// A call that panics again (a middleware retried it) keeps the last.
+    pub(crate) fn note_tool_panic(&self, call_id: &str, message: &str) {
+        self.with_rare(part::TOOL_PANICS, |rare| {
+            let noted = &mut rare.tool_panics;
+            match noted.iter_mut().find(|(id, _)| id == call_id) {
+                Some((_, last)) => message.clone_into(last),
+                None => noted.push((call_id.to_owned(), message.to_owned())),
+            }
+        });
+    }
+
+    /// Takes the panic noted for the tool call `call_id`, if any: one
+    /// atomic load for a run where no tool panicked.
+    pub(crate) fn take_tool_panic(&self, call_id: &str) -> Option<String> {
+        self.read_rare(part::TOOL_PANICS, |rare| {
+            let at = rare.tool_panics.iter().position(|(id, _)| id == call_id)?;
+            Some(rare.tool_panics.swap_remove(at).1)
+        })
+        .flatten()
+    }
+
     /// Notes that something watches the run's messages.
     pub(crate) fn set_watched(&self) {
         self.inner.watched.store(true, Ordering::Release);
@@ -910,6 +956,7 @@ impl RunContextBuilder {
                 stop_unattributed: AtomicBool::new(false),
                 rare_parts: AtomicU8::new(0),
                 bracketed: AtomicBool::new(false),
+                show_tool_panics: AtomicBool::new(false),
             }),
         }
     }

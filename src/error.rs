@@ -410,6 +410,81 @@ impl fmt::Display for LimitExceeded {
 
 impl StdError for LimitExceeded {}
 
+/// A tool panicked: what the panic becomes once caught below a wrap hook,
+/// or by the run. Classifies as [`ErrorKind::Other`].
+///
+/// Inside a run, the model reads it as the tool's error result: by default
+/// only that the tool failed; the message goes to the `ToolCallCompleted`
+/// event and the trace, and reaches the model only with
+/// [`AgentBuilder::show_tool_panics`](crate::AgentBuilder::show_tool_panics).
+/// So its `Display` leaves the message out; read it with
+/// [`message`](Self::message).
+///
+/// A wrap middleware made a tower layer over a tool reads the panic as
+/// this error:
+///
+/// ```
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_agent::error::{find, ToolPanicked};
+/// use tower_agent::lifecycle::{from_fn, ToolNext};
+/// use tower_agent::types::ToolCall;
+/// use tower_agent::{tool_fn, BoxError, RunContext, ToolInvocation};
+///
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Nothing {}
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let explode = tool_fn("explode", "Panics", |_: Nothing| async {
+///     if true {
+///         panic!("disk at /srv/data is full");
+///     }
+///     Ok::<String, BoxError>(String::new())
+/// });
+/// let tool = ServiceBuilder::new()
+///     .layer(from_fn(|invocation: ToolInvocation, next: ToolNext| next.run(invocation)))
+///     .service(explode);
+///
+/// let call = ToolInvocation::new(ToolCall::new("1", "explode", "{}"), RunContext::new());
+/// let err = tool.oneshot(call).await.unwrap_err();
+/// assert_eq!(err.to_string(), "the tool `explode` panicked");
+/// let panic = find::<ToolPanicked>(err.as_ref()).unwrap();
+/// assert_eq!(panic.message(), "disk at /srv/data is full");
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolPanicked {
+    tool: String,
+    message: String,
+}
+
+impl ToolPanicked {
+    /// `tool` panicked with `payload`.
+    pub(crate) fn new(tool: &str, payload: &(dyn std::any::Any + Send)) -> Self {
+        Self {
+            tool: tool.to_owned(),
+            message: panic_message(payload),
+        }
+    }
+
+    /// The tool's name.
+    pub fn tool(&self) -> &str {
+        &self.tool
+    }
+
+    /// The panic's message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ToolPanicked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the tool `{}` panicked", self.tool)
+    }
+}
+
+impl StdError for ToolPanicked {}
+
 /// The error of a run, and of anything the run classifies.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -331,13 +331,13 @@ pub(crate) trait HookPort: Send + Sync + 'static {
         ctx: &RunContext,
     ) -> ToolWalk<'_>;
 
-    /// What a tool call of a [`ToolWalk::Service`], to tool `name` in
-    /// `ctx`'s run, answers: what the future [`wrap_tool`](Self::wrap_tool)
-    /// makes would have answered.
+    /// What a tool call of a [`ToolWalk::Service`], `call` in `ctx`'s run,
+    /// answers: what the future [`wrap_tool`](Self::wrap_tool) makes would
+    /// have answered.
     fn finish_tool(
         &self,
         answer: ToolAnswer,
-        name: &str,
+        call: &ToolCall,
         ctx: &RunContext,
         finish: &ToolFinish,
     ) -> Result<ToolOutput, BoxError>;

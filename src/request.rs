@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::context::RunContext;
-use crate::error::{AgentError, BoxError, ErrorKind, TimeoutSource};
+use crate::error::{find, AgentError, BoxError, ErrorKind, TimeoutSource, ToolPanicked};
 use crate::types::{
     ApprovalDecision, Checkpoint, History, Message, ModelDelta, ModelRequest, ToolCall,
 };
@@ -530,9 +530,16 @@ where
 /// error ends it too when a hook of this run (or of a run it is nested in)
 /// raised it; a nested run's own middleware failing only failed that nested
 /// run, which its parent's model reads as a failed tool call.
+///
+/// A tool's panic ([`ToolPanicked`]) reads as a failure of the named tool,
+/// its message left out unless the agent running the run shows tool panics;
+/// the message is noted on `ctx` for the call `call_id`, whose event takes
+/// it. Every way a tool call goes (without hooks, below wrap hooks, through
+/// a tower adapter, outside a run) comes here with its panic.
 pub(crate) fn tool_failure(
     ctx: &RunContext,
     tool: &str,
+    call_id: &str,
     err: AgentError,
 ) -> Result<ToolOutput, AgentError> {
     match err.kind() {
@@ -541,8 +548,24 @@ pub(crate) fn tool_failure(
         | ErrorKind::Approval
         | ErrorKind::HistoryIntegrity => Err(err),
         ErrorKind::Middleware if ctx.hook_failed_here() => Err(err),
-        _ => Ok(ToolOutput::error(format!(
-            "The tool `{tool}` failed: {err}"
-        ))),
+        _ => Ok(ToolOutput::error(match panic_of(&err) {
+            Some(panic) => {
+                ctx.note_tool_panic(call_id, panic.message());
+                if ctx.shows_tool_panics() {
+                    format!("The tool `{tool}` panicked: {}", panic.message())
+                } else {
+                    format!("The tool `{tool}` failed unexpectedly and returned no result.")
+                }
+            }
+            None => format!("The tool `{tool}` failed: {err}"),
+        })),
+    }
+}
+
+/// The tool's panic `err` stands for, if it does.
+fn panic_of(err: &AgentError) -> Option<&ToolPanicked> {
+    match err {
+        AgentError::Other(source) => find::<ToolPanicked>(source.as_ref()),
+        _ => None,
     }
 }

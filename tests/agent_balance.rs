@@ -14,11 +14,14 @@ use serde::Deserialize;
 use tower::{Layer, ServiceExt};
 use tower_agent::event::{AgentEvent, CollectingSink};
 use tower_agent::hooks::{ToolDecision, ToolVerdict};
-use tower_agent::lifecycle::{Hook, LifecycleLayer, Middleware, MiddlewareStack};
+use tower_agent::lifecycle::{
+    Hook, LifecycleLayer, Middleware, MiddlewareStack, ToolNext, Wrapped,
+};
 use tower_agent::types::{ModelResponse, RunStatus, ToolCall};
 use tower_agent::{
-    tool_fn, tool_fn_ctx, tripwire, Agent, AgentBuilder, AgentError, BoxError, ErrorKind,
-    ModelCall, RunContext, RunRequest, ScriptedModel, ScriptedTurn, ToolOutput, ToolRouter,
+    tool_fn, tool_fn_ctx, tripwire, Agent, AgentBuilder, AgentError, AgentTool, BoxError,
+    ErrorKind, ModelCall, RunContext, RunRequest, ScriptedModel, ScriptedTurn, ToolInvocation,
+    ToolOutput, ToolRouter,
 };
 
 #[derive(Deserialize, JsonSchema)]
@@ -443,4 +446,225 @@ async fn the_run_is_dropped_while_a_tool_runs() {
     let events = sink.events();
     assert_eq!(balanced(&events)["call_1"], Some("CANCELLED"));
     assert_eq!(run_status(&events), ("failed", Some("CANCELLED")));
+}
+
+/// What the middleware around a hanging tool does.
+#[derive(Clone, Copy, Debug)]
+enum Around {
+    /// `before_tool` and `after_tool`.
+    BeforeAndAfter,
+    /// `wrap_tool` handing the call on with `Wrapped::next`.
+    HandOn,
+    /// `wrap_tool` with a future of its own awaiting `next.run`.
+    OwnFuture,
+}
+
+const AROUND: [Around; 3] = [Around::BeforeAndAfter, Around::HandOn, Around::OwnFuture];
+
+impl Around {
+    fn stack(self) -> MiddlewareStack {
+        match self {
+            Around::BeforeAndAfter => MiddlewareStack::new().push(BeforeAndAfter),
+            Around::HandOn => MiddlewareStack::new().push(HandOn),
+            Around::OwnFuture => MiddlewareStack::new().push(OwnFuture),
+        }
+    }
+}
+
+/// Overrides `before_tool` and `after_tool`.
+struct BeforeAndAfter;
+
+impl Middleware for BeforeAndAfter {
+    fn name(&self) -> &str {
+        "before-and-after"
+    }
+
+    fn before_tool<'a>(
+        &'a self,
+        _ctx: &'a RunContext,
+        _call: &'a ToolCall,
+        _resumed: bool,
+    ) -> Hook<'a, ToolVerdict> {
+        Hook::ok(ToolVerdict::proceed())
+    }
+
+    fn after_tool<'a>(
+        &'a self,
+        _ctx: &'a RunContext,
+        _call: &'a ToolCall,
+        _output: &'a mut ToolOutput,
+    ) -> Hook<'a, ()> {
+        Hook::ok(())
+    }
+}
+
+/// Hands every tool call on with `Wrapped::next`.
+struct HandOn;
+
+impl Middleware for HandOn {
+    fn name(&self) -> &str {
+        "hand-on"
+    }
+
+    fn wrap_tool<'a>(
+        &'a self,
+        invocation: ToolInvocation,
+        next: ToolNext,
+    ) -> Wrapped<'a, ToolInvocation> {
+        Wrapped::next(invocation, next)
+    }
+}
+
+/// Calls every tool in a future of its own, awaiting `next.run`.
+struct OwnFuture;
+
+impl Middleware for OwnFuture {
+    fn name(&self) -> &str {
+        "own-future"
+    }
+
+    fn wrap_tool<'a>(
+        &'a self,
+        invocation: ToolInvocation,
+        next: ToolNext,
+    ) -> Wrapped<'a, ToolInvocation> {
+        Wrapped::new(async move { next.run(invocation).await })
+    }
+}
+
+/// A tool that never answers.
+fn hanging() -> ToolRouter {
+    ToolRouter::new().tool(tool_fn("hang", "Never answers", |_: Wait| async {
+        std::future::pending::<Result<String, BoxError>>().await
+    }))
+}
+
+fn hang() -> ScriptedTurn {
+    ScriptedTurn::tool_call("hang", r#"{"ms": 0}"#)
+}
+
+/// Where the middleware goes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Placement {
+    /// On the agent calling `hang`.
+    Alone,
+    /// On the sub-agent calling `hang`, called by another agent.
+    Inner,
+    /// On the agent calling a sub-agent that calls `hang`: the sub-agent's
+    /// run sees it too.
+    Outer,
+}
+
+/// An agent calling `hang`, or (unless `Alone`) one calling a sub-agent
+/// that does, with `around` placed at `placement`.
+fn hanging_agent(around: Option<Around>, placement: Placement) -> Agent {
+    let mut inner = Agent::builder("inner")
+        .model(ScriptedModel::new([
+            hang(),
+            ScriptedTurn::text("unreached"),
+        ]))
+        .tools(hanging());
+    if let (Some(around), Placement::Alone | Placement::Inner) = (around, placement) {
+        inner = inner.middleware(around.stack());
+    }
+    let inner = inner.build().unwrap();
+    if placement == Placement::Alone {
+        return inner;
+    }
+    let mut outer = Agent::builder("outer")
+        .model(ScriptedModel::new([
+            ScriptedTurn::tool_call("inner", r#"{"input": "go"}"#),
+            ScriptedTurn::text("unreached"),
+        ]))
+        .tools(ToolRouter::new().tool(AgentTool::new("inner", "Hangs", inner)));
+    if let (Some(around), Placement::Outer) = (around, placement) {
+        outer = outer.middleware(around.stack());
+    }
+    outer.build().unwrap()
+}
+
+/// Every middleware around the hanging tool at every placement, and a
+/// sub-agent without middleware; each with whether a `wrap_tool` hook of
+/// its own future must have run.
+fn hanging_agents() -> Vec<(String, Agent, bool)> {
+    let mut agents = vec![(
+        "nested, no middleware".to_owned(),
+        hanging_agent(None, Placement::Inner),
+        false,
+    )];
+    for around in AROUND {
+        for placement in [Placement::Alone, Placement::Inner, Placement::Outer] {
+            let name = format!("{around:?} {placement:?}");
+            let wraps = matches!(around, Around::OwnFuture);
+            agents.push((name, hanging_agent(Some(around), placement), wraps));
+        }
+    }
+    agents
+}
+
+/// Whether a `wrap_tool` hook started.
+fn wrapped(events: &[AgentEvent]) -> bool {
+    events
+        .iter()
+        .any(|e| matches!(e, AgentEvent::MiddlewareStarted { hook, .. } if *hook == "wrap_tool"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_while_a_tool_runs_inside_middleware() {
+    for (name, agent, wraps) in hanging_agents() {
+        let sink = CollectingSink::new();
+        let ctx = RunContext::builder().events(sink.clone()).build();
+        let canceller = ctx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            canceller.cancel();
+        });
+        let err = agent
+            .oneshot(RunRequest::new("go").context(ctx))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Cancelled, "{name}");
+        let events = sink.events();
+        assert_eq!(wrapped(&events), wraps, "{name}");
+        let tool_errors = balanced(&events);
+        assert_eq!(tool_errors["call_1"], Some("CANCELLED"), "{name}");
+        assert_eq!(run_status(&events), ("failed", Some("CANCELLED")), "{name}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_passes_while_a_tool_runs_inside_middleware() {
+    for (name, agent, wraps) in hanging_agents() {
+        let sink = CollectingSink::new();
+        let ctx = RunContext::builder()
+            .events(sink.clone())
+            .timeout(Duration::from_secs(1))
+            .build();
+        let err = agent
+            .oneshot(RunRequest::new("go").context(ctx))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{name}");
+        let events = sink.events();
+        assert_eq!(wrapped(&events), wraps, "{name}");
+        assert_eq!(balanced(&events)["call_1"], Some("TIMEOUT"), "{name}");
+        assert_eq!(run_status(&events), ("failed", Some("TIMEOUT")), "{name}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_run_is_dropped_while_a_tool_runs_inside_middleware() {
+    for (name, agent, wraps) in hanging_agents() {
+        let sink = CollectingSink::new();
+        let ctx = RunContext::builder().events(sink.clone()).build();
+        drop_at(
+            agent.oneshot(RunRequest::new("go").context(ctx)),
+            Duration::from_secs(1),
+        )
+        .await;
+        let events = sink.events();
+        assert_eq!(wrapped(&events), wraps, "{name}");
+        assert_eq!(balanced(&events)["call_1"], Some("CANCELLED"), "{name}");
+        assert_eq!(run_status(&events), ("failed", Some("CANCELLED")), "{name}");
+    }
 }

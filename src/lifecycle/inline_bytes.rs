@@ -1,6 +1,6 @@
 //! [`InlineBytes`]: a short copy of some bytes kept without allocating,
-//! for what the wrap chain keeps of each tool call (its name, a snapshot of
-//! its arguments).
+//! for what the wrap chain keeps of each tool call (its name and id, a
+//! snapshot of its arguments).
 
 use std::fmt;
 use std::io;
@@ -20,6 +20,7 @@ enum Repr {
 
 impl InlineBytes {
     /// A copy of `bytes`.
+    #[cfg(test)]
     pub(crate) fn copy(bytes: &[u8]) -> Self {
         let mut builder = Builder::new();
         builder.extend(bytes);
@@ -34,38 +35,11 @@ impl InlineBytes {
             Repr::Heap(bytes) => bytes,
         }
     }
-
-    /// The bytes as text, when they are (a copy of a `str` always is).
-    pub(crate) fn as_str(&self) -> &str {
-        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
-    }
 }
 
 impl fmt::Debug for InlineBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&String::from_utf8_lossy(self.as_bytes()), f)
-    }
-}
-
-/// An [`InlineBytes`] as text: a copy of a `str`. Public only to name the
-/// tool in the wrap chain's sealed plumbing; unreachable outside the crate.
-#[allow(unreachable_pub)]
-#[derive(Clone, Debug)]
-pub struct InlineStr(InlineBytes);
-
-impl InlineStr {
-    pub(crate) fn copy(text: &str) -> Self {
-        Self(InlineBytes::copy(text.as_bytes()))
-    }
-
-    pub(crate) fn as_str(&self) -> &str {
-        self.0.as_str()
-    }
-}
-
-impl fmt::Display for InlineStr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -217,7 +191,6 @@ mod tests {
             InlineBytes::copy(long.as_bytes()).as_bytes(),
             long.as_bytes()
         );
-        assert_eq!(InlineStr::copy("search").to_string(), "search");
     }
 
     #[test]

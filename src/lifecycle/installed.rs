@@ -390,11 +390,11 @@ impl HookPort for InstalledHooks {
     fn finish_tool(
         &self,
         answer: ToolAnswer,
-        name: &str,
+        call: &ToolCall,
         ctx: &RunContext,
         finish: &ToolFinish,
     ) -> Result<ToolOutput, BoxError> {
-        finish_tool(answer, name, ctx, finish)
+        finish_tool(answer, call, ctx, finish)
     }
 
     fn after_tool<'a>(

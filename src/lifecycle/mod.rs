@@ -163,6 +163,15 @@
 //! knows (a provider's, a cancellation) stay as they are. A
 //! [`FailPolicy::Open`] middleware's errors are logged instead.
 //!
+//! Below a tool wrap hook of a stack, the tool's own failure comes back from
+//! `next.run` as the error result the model would read, a panic too: by
+//! default it reads only that the tool failed, the message going to the
+//! `ToolCallCompleted` event (see
+//! [`AgentBuilder::show_tool_panics`](crate::AgentBuilder::show_tool_panics)).
+//! Below a wrap middleware made a tower layer ([`WrapToolLayer`],
+//! [`from_fn`] over a tool service) it is an `Err`; a panic, a
+//! [`ToolPanicked`](crate::error::ToolPanicked).
+//!
 //! # Tool verdicts and approvals
 //!
 //! Of several `before_tool` verdicts, deny > defer > ask > allow >

@@ -20,7 +20,7 @@ use super::stack::Entry;
 use super::wrap::{WrapRequest, WrappedKind};
 use super::HookPoint;
 use crate::context::RunContext;
-use crate::error::{kind_of, panic_message, BoxError, ErrorKind};
+use crate::error::{kind_of, BoxError, ErrorKind};
 
 pub(crate) type BoxService<Req> =
     BoxCloneSyncService<Req, <Req as WrapRequest>::Response, BoxError>;
@@ -542,14 +542,16 @@ impl<Req: WrapRequest> Future for CallInnermost<Req> {
             if let Err(err) = ready!(this.service.poll_ready(cx)) {
                 return Poll::Ready(Err(err));
             }
-            let req = this
-                .req
-                .take()
-                .expect("CallInnermost polled after completion");
-            this.call = Some(this.service.call(req));
         }
-        let call = this.call.as_mut().expect("called above");
-        let answer = match catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
+        let (service, req, call) = (&mut this.service, &mut this.req, &mut this.call);
+        // A service may panic in `call` as well as in its future (a tool
+        // that runs inline): both are the tool's panic.
+        let answer = match catch_unwind(AssertUnwindSafe(|| {
+            let call = call.get_or_insert_with(|| {
+                service.call(req.take().expect("CallInnermost polled after completion"))
+            });
+            call.as_mut().poll(cx)
+        })) {
             Ok(Poll::Pending) => return Poll::Pending,
             Ok(Poll::Ready(answer)) => Ok(answer),
             Err(panic) => Err(panic),
@@ -563,9 +565,10 @@ impl<Req: WrapRequest> Future for CallInnermost<Req> {
 }
 
 /// What the answer of the service below the last wrap hook becomes: its
-/// panic an error, its nameless tripwire named after the model or the tool
-/// `name`; with `recover` (the run's context), a tool's failure its error
-/// result.
+/// panic an error (a tool's a [`ToolPanicked`](crate::error::ToolPanicked)),
+/// its nameless tripwire named after the model or the tool `name`; with
+/// `recover` (the run's context), a tool's failure, its panic too, its
+/// error result.
 pub(crate) fn innermost_answer<Req: WrapRequest>(
     answer: std::thread::Result<Result<Req::Response, BoxError>>,
     name: &Req::Name,
@@ -576,7 +579,7 @@ pub(crate) fn innermost_answer<Req: WrapRequest>(
     let err = match answer {
         Ok(Ok(response)) => return Ok(response),
         Ok(Err(err)) => name_tripwire(err, &base(), "call"),
-        Err(panic) => format!("`{}` panicked: {}", base(), panic_message(&*panic)).into(),
+        Err(panic) => Req::panicked(name, &*panic),
     };
     match recover {
         Some(ctx) => Req::recover(ctx, name, err),

@@ -8,6 +8,7 @@ use tower::{Service, ServiceExt};
 
 use super::call_chain::tool_call;
 use super::stack::CompiledStack;
+use super::wrap::ToolCallee;
 use super::{LifecycleLayer, MiddlewareStack};
 use crate::error::{AgentError, BoxError};
 use crate::request::{box_tool, RunRequest, ToolInvocation, ToolOutput};
@@ -85,11 +86,14 @@ impl Runtime {
     /// Calls a tool outside a run, through the runtime's tool middleware
     /// (wrap and delta hooks).
     ///
+    /// A failing tool comes back as an error result, as the model would
+    /// read it: a panic too, which reads only that the tool failed; its
+    /// message goes to the trace.
+    ///
     /// # Errors
     ///
     /// An error a middleware raises, a [`tripwire`](crate::tripwire) among
-    /// them; a failing tool comes back as an error result instead, as the
-    /// model would read it.
+    /// them.
     pub async fn invoke_tool<S>(
         &self,
         tools: S,
@@ -100,9 +104,18 @@ impl Runtime {
         S::Error: Into<BoxError>,
         S::Future: Send + 'static,
     {
-        tool_call(self.stack.clone(), invocation, box_tool(tools), None)
-            .await
-            .map_err(AgentError::classify)
+        let (ctx, call) = (invocation.context.clone(), ToolCallee::of(&invocation.call));
+        let result = tool_call(self.stack.clone(), invocation, box_tool(tools), None).await;
+        // Noted where the panic became the result; no run takes it here.
+        if let Some(message) = ctx.take_tool_panic(call.call_id()) {
+            tracing::warn!(
+                "gen_ai.tool.name" = call.tool(),
+                "gen_ai.tool.call.id" = call.call_id(),
+                panic = %message,
+                "tool call panicked"
+            );
+        }
+        result.map_err(AgentError::classify)
     }
 }
 

@@ -2,6 +2,7 @@
 //! wrap-only traits [`ModelMiddleware`] and [`ToolMiddleware`], and the
 //! requests a wrap hook wraps ([`WrapRequest`]).
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -11,12 +12,12 @@ use serde_json::Value;
 
 use super::attribute::{attribute, name_tripwire};
 use super::edit_watch::watcher;
-use super::inline_bytes::{same_bytes, InlineStr};
+use super::inline_bytes::{same_bytes, Builder, InlineBytes};
 use super::{HookPoint, Middleware, Next};
 use crate::context::RunContext;
-use crate::error::{AgentError, BoxError};
+use crate::error::{panic_message, AgentError, BoxError, ToolPanicked};
 use crate::request::{tool_failure, ModelCall, ToolInvocation, ToolOutput};
-use crate::types::{History, ModelName, ModelResponse};
+use crate::types::{History, ModelName, ModelResponse, ToolCall};
 
 /// What a wrap hook ([`Middleware::wrap_model`], [`Middleware::wrap_tool`])
 /// returns: the future of its answer, or the call handed on unchanged.
@@ -214,6 +215,10 @@ pub(crate) mod sealed {
         /// it was handed itself: `true` when it is handed on unchanged.
         fn reconcile(&mut self, by: &Arc<str>, received: &Self::Snapshot) -> bool;
         fn callee(&self) -> Self::Name;
+        /// What the panic of the service below a chain becomes: a model's
+        /// an error naming it, a tool's a [`ToolPanicked`] (its message
+        /// the model reads only if told to).
+        fn panicked(name: &Self::Name, payload: &(dyn Any + Send)) -> BoxError;
         /// What an error of the service below a lifecycle chain becomes: a
         /// tool's failure is an error result the middleware (and the model)
         /// read.
@@ -281,6 +286,10 @@ impl sealed::Plumbing for ModelCall {
         self.request.model.clone()
     }
 
+    fn panicked(name: &ModelName, payload: &(dyn Any + Send)) -> BoxError {
+        format!("`model:{name}` panicked: {}", panic_message(payload)).into()
+    }
+
     fn recover(_: &RunContext, _: &ModelName, err: BoxError) -> Result<ModelResponse, BoxError> {
         // Retry and fallback middleware must see the model's failures.
         Err(err)
@@ -301,7 +310,7 @@ impl WrapRequest for ToolInvocation {
 
 impl sealed::Plumbing for ToolInvocation {
     type Snapshot = sealed::ToolSnapshot;
-    type Name = InlineStr;
+    type Name = ToolCallee;
     const KIND: &'static str = "tool";
     const RECOVERS: bool = true;
 
@@ -338,15 +347,79 @@ impl sealed::Plumbing for ToolInvocation {
         false
     }
 
-    fn callee(&self) -> InlineStr {
-        InlineStr::copy(&self.call.name)
+    fn callee(&self) -> ToolCallee {
+        ToolCallee::of(&self.call)
     }
 
-    fn recover(ctx: &RunContext, name: &InlineStr, err: BoxError) -> Result<ToolOutput, BoxError> {
-        tool_failure(ctx, name.as_str(), AgentError::classify(err)).map_err(Into::into)
+    fn panicked(name: &ToolCallee, payload: &(dyn Any + Send)) -> BoxError {
+        Box::new(ToolPanicked::new(name.tool(), payload))
+    }
+
+    fn recover(ctx: &RunContext, name: &ToolCallee, err: BoxError) -> Result<ToolOutput, BoxError> {
+        let err = AgentError::classify(err);
+        tool_failure(ctx, name.tool(), name.call_id(), err).map_err(Into::into)
     }
 
     fn middleware_error(err: BoxError, name: &str) -> BoxError {
         Box::new(attribute(err, name, HookPoint::WrapTool))
+    }
+}
+
+/// The tool call below the wrap hooks, as the chain names it in its errors
+/// and its results: the tool's name and the call's id, in one copy, inline
+/// when short. Public only to name it in the wrap chain's sealed plumbing;
+/// unreachable outside the crate.
+#[allow(unreachable_pub)]
+#[derive(Clone, Debug)]
+pub struct ToolCallee {
+    /// The name, then the id.
+    packed: InlineBytes,
+    /// Where the name ends and the id starts.
+    name_end: usize,
+}
+
+impl ToolCallee {
+    pub(crate) fn of(call: &ToolCall) -> Self {
+        let mut packed = Builder::new();
+        packed.extend(call.name.as_bytes());
+        let name_end = packed.len();
+        packed.extend(call.id.as_bytes());
+        Self {
+            packed: packed.finish(),
+            name_end,
+        }
+    }
+
+    /// The tool's name.
+    pub(crate) fn tool(&self) -> &str {
+        // Cut where two whole strings were joined: each part is UTF-8.
+        std::str::from_utf8(&self.packed.as_bytes()[..self.name_end]).unwrap_or_default()
+    }
+
+    /// The call's id.
+    pub(crate) fn call_id(&self) -> &str {
+        std::str::from_utf8(&self.packed.as_bytes()[self.name_end..]).unwrap_or_default()
+    }
+}
+
+/// The tool's name.
+impl fmt::Display for ToolCallee {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.tool())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_callee_keeps_the_name_and_the_id_apart() {
+        let long = "n".repeat(100);
+        for (name, id) in [("search", "call_1"), ("", "x"), (&long, "call_é")] {
+            let callee = ToolCallee::of(&ToolCall::new(id, name, "{}"));
+            assert_eq!((callee.tool(), callee.call_id()), (name, id));
+            assert_eq!(callee.to_string(), name);
+        }
     }
 }

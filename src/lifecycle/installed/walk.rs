@@ -10,10 +10,11 @@ use crate::error::BoxError;
 use crate::hooks::{HookPort, ModelWalk, ToolAnswer, ToolFinish, ToolWalk};
 use crate::lifecycle::call_chain::{note_failure, tool_walk};
 use crate::lifecycle::chain_run::ChainRun;
-use crate::lifecycle::inline_bytes::InlineStr;
 use crate::lifecycle::next::{innermost_answer, step, Step};
+use crate::lifecycle::wrap::ToolCallee;
 use crate::lifecycle::{HookPoint, Next};
 use crate::request::{BoxModel, BoxTool, ModelCall, ToolInvocation, ToolOutput};
+use crate::types::ToolCall;
 
 impl InstalledHooks {
     /// The walk of [`HookPort::walk_model`].
@@ -85,7 +86,7 @@ impl InstalledHooks {
 /// [`HookPort::finish_tool`]: the answer of a tool called below a stack.
 pub(super) fn finish_tool(
     answer: ToolAnswer,
-    name: &str,
+    call: &ToolCall,
     ctx: &RunContext,
     finish: &ToolFinish,
 ) -> Result<ToolOutput, BoxError> {
@@ -93,7 +94,7 @@ pub(super) fn finish_tool(
         ToolAnswer::Answered(Ok(Ok(output))) => Ok(output),
         ToolAnswer::Answered(Ok(Err(err))) if !finish.guarded() => Err(err),
         ToolAnswer::Answered(answer) => {
-            innermost_answer::<ToolInvocation>(answer, &InlineStr::copy(name), Some(ctx))
+            innermost_answer::<ToolInvocation>(answer, &ToolCallee::of(call), Some(ctx))
         }
         ToolAnswer::Failed(err) => Err(err),
     };

@@ -421,6 +421,8 @@ impl Run {
     pub(super) fn switch_to(&mut self, target: &Agent) {
         self.hooks = crate::hooks::hand_over(&self.ctx, target.middleware.as_ref());
         self.ctx.hand_to_agent(&target.config.name);
+        self.ctx
+            .set_show_tool_panics(target.config.limits.show_panics);
         self.config = target.config.clone();
         self.model = None;
         self.output_attempts = 0;

@@ -235,9 +235,9 @@ impl Future for HookedToolCall<'_> {
                         Ok(calling) => calling,
                         Err(err) => {
                             let answer = ToolAnswer::Failed(err);
-                            let name = &this.call.name;
+                            let call = this.call;
                             return Poll::Ready(
-                                this.hooks.finish_tool(answer, name, this.ctx, &finish),
+                                this.hooks.finish_tool(answer, call, this.ctx, &finish),
                             );
                         }
                     };
@@ -286,9 +286,7 @@ impl Future for HookedToolCall<'_> {
             ToolAnswer::Answered(Ok(Ok(output))) if abort.is_none_or(|a| !a.has_failed()) => {
                 Ok(output)
             }
-            answer => this
-                .hooks
-                .finish_tool(answer, &this.call.name, this.ctx, finish),
+            answer => this.hooks.finish_tool(answer, this.call, this.ctx, finish),
         };
         this.state = ToolState::Done;
         Poll::Ready(result)

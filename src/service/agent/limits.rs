@@ -1,5 +1,6 @@
 //! What a tool call may send and what its result may write into the
-//! conversation: the size caps, and what the model reads of a panic.
+//! conversation: the size caps, and whether the model reads a panic's
+//! message (which `request::tool_failure` reads from the run's context).
 
 use std::borrow::Cow;
 
@@ -16,7 +17,9 @@ pub(crate) struct ToolLimits {
     pub(crate) max_argument_bytes: usize,
     /// The most bytes of a result that reach the conversation.
     pub(crate) max_result_bytes: usize,
-    /// Whether the model reads a tool's panic message.
+    /// Whether the model reads a tool's panic message: set on the run's
+    /// context, where `request::tool_failure`, the one place that writes a
+    /// panic's result, reads it.
     pub(crate) show_panics: bool,
 }
 
@@ -63,15 +66,6 @@ impl ToolLimits {
             content.len() - end,
             content.len()
         ))
-    }
-
-    /// What the model reads when `tool` panicked with `message`.
-    pub(crate) fn panic_text(&self, tool: &str, message: &str) -> String {
-        if self.show_panics {
-            format!("The tool `{tool}` panicked: {message}")
-        } else {
-            format!("The tool `{tool}` failed unexpectedly and returned no result.")
-        }
     }
 }
 

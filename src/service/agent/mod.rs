@@ -349,7 +349,9 @@ impl AgentBuilder {
 
     /// Whether the model reads a tool's panic message (default `false`: it
     /// reads that the tool failed, named; the message goes to the
-    /// `ToolCallCompleted` event and the trace).
+    /// `ToolCallCompleted` event and the trace). The same below any
+    /// middleware: a wrap hook's `next.run` answers what the model will
+    /// read.
     pub fn show_tool_panics(mut self, show: bool) -> Self {
         self.limits.show_panics = show;
         self

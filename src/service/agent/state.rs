@@ -48,6 +48,7 @@ impl Run {
         extensions: http::Extensions,
         messages: History,
     ) -> Self {
+        ctx.set_show_tool_panics(config.limits.show_panics);
         Self {
             config,
             ctx,

@@ -14,7 +14,7 @@ use super::observe::ToolCallObserver;
 use super::state::{classify, Run};
 use super::ToolFlags;
 use crate::context::Guard;
-use crate::error::{attribute_tripwire, panic_message, AgentError};
+use crate::error::{attribute_tripwire, AgentError, ToolPanicked};
 use crate::event::AgentEvent;
 use crate::hooks::{Notification, StickyApprovals, ToolCallResult, ToolDecision, ToolVerdict};
 use crate::request::{tool_failure, ToolInvocation, ToolOutput};
@@ -382,8 +382,8 @@ impl Run {
     }
 
     /// Sends the call down the tool stack; a failure the model should read
-    /// becomes an error result. A panic becomes one too, and comes back
-    /// beside it for the event and the trace.
+    /// becomes an error result. A panic becomes one too, and its message
+    /// comes back beside it for the event and the trace.
     async fn dispatch(
         &self,
         call: &ToolCall,
@@ -430,21 +430,22 @@ impl Run {
                 .await?
             }
         };
-        let mut panicked = None;
         let mut output = match result {
-            Err(panic) => {
-                let message = panic_message(&*panic);
-                let output = ToolOutput::error(self.config.limits.panic_text(&call.name, &message));
-                panicked = Some(message);
-                output
-            }
             Ok(Ok(output)) => output,
             Ok(Err(err)) => {
                 let tool = format!("tool:{}", call.name);
                 let err = attribute_tripwire(classify(err), &tool, "call_tool");
-                tool_failure(ctx, &call.name, err)?
+                tool_failure(ctx, &call.name, &call.id, err)?
+            }
+            // Caught here (no hook caught it below): the same rule as a
+            // panic a wrap hook's `next` caught.
+            Err(panic) => {
+                let panic = ToolPanicked::new(&call.name, &*panic);
+                tool_failure(ctx, &call.name, &call.id, AgentError::Other(panic.into()))?
             }
         };
+        // Noted by `tool_failure`, wherever the panic was caught.
+        let panicked = ctx.take_tool_panic(&call.id);
         if ctx.stop_requested().is_some() {
             ctx.attribute_stop(&format!("tool:{}", call.name));
         }
