@@ -3,6 +3,7 @@
 //! below in place, as a run without hooks does: nothing boxed. A model call
 //! goes to the run's own clone of the model stack.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
@@ -27,6 +28,8 @@ pub(super) struct HookedCall<'a> {
     hooks: &'a dyn HookPort,
     /// The run's context, which the call carries.
     ctx: &'a RunContext,
+    /// The agent's model, whose name a call to it borrows for its errors.
+    model_name: &'a ModelName,
     state: State<'a>,
 }
 
@@ -39,8 +42,9 @@ enum State<'a> {
         call: Option<ModelCall>,
         called: Option<<BoxModel as Service<ModelCall>>::Future>,
         /// The model's name, for its errors, when its answer goes to the
-        /// hooks' [`HookPort::model_answer`].
-        guarded: Option<ModelName>,
+        /// hooks' [`HookPort::model_answer`]: the agent's, borrowed, unless
+        /// a wrap hook sent the call to another.
+        guarded: Option<Cow<'a, ModelName>>,
     },
     Hooked(BoxFuture<'a, Result<ModelResponse, BoxError>>),
     Taken,
@@ -57,16 +61,19 @@ impl Calling {
 }
 
 impl<'a> HookedCall<'a> {
-    /// `call` in `ctx`'s run to `model` through `hooks`.
+    /// `call` in `ctx`'s run to `model` (the agent's, named `model_name`)
+    /// through `hooks`.
     pub(super) fn new(
         hooks: &'a dyn HookPort,
         ctx: &'a RunContext,
         call: ModelCall,
         model: BoxModel,
+        model_name: &'a ModelName,
     ) -> Self {
         Self {
             hooks,
             ctx,
+            model_name,
             state: State::Start(call, model),
         }
     }
@@ -96,7 +103,17 @@ impl Future for HookedCall<'_> {
                     call,
                     guarded,
                 } => State::Model {
-                    guarded: guarded.then(|| call.request.model.clone()),
+                    guarded: guarded.then(|| {
+                        let named = &call.request.model;
+                        // The agent's own name, shared by the request as a rule.
+                        let same = std::ptr::eq(named.as_str(), this.model_name.as_str())
+                            || named == this.model_name;
+                        if same {
+                            Cow::Borrowed(this.model_name)
+                        } else {
+                            Cow::Owned(named.clone())
+                        }
+                    }),
                     model: service,
                     call: Some(call),
                     called: None,

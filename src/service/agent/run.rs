@@ -529,7 +529,7 @@ impl Run {
         // The run's own clone of the model stack, as a bare turn's: back in
         // its place once the call is done, unless a wrap hook kept it.
         let model = self.model.take().unwrap_or_else(|| config.model.clone());
-        let mut call = HookedCall::new(&**hooks, ctx, call, model);
+        let mut call = HookedCall::new(&**hooks, ctx, call, model, &config.model_name);
         let answer = ctx.race(InSpan::new(span, &mut call)).await;
         if let Some(model) = call.take_model() {
             self.model = Some(model);
