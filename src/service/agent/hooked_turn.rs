@@ -178,7 +178,7 @@ enum ToolState<'a> {
     Start(ToolInvocation),
     Tool {
         /// The tool stack every wrap hook handed the call on to; `None`:
-        /// the router, called on a clone of its own.
+        /// the router, called from a borrow.
         stack: Option<BoxTool>,
         calling: Calling,
         finish: ToolFinish,
@@ -310,7 +310,7 @@ impl Future for HookedToolCall<'_> {
     }
 }
 
-/// The call of the tool stack (`stack`, or a clone of `router`) with
+/// The call of the tool stack (`stack`, or `router`) with
 /// `invocation` when it is ready at once; the invocation waiting for it
 /// otherwise.
 fn call_now(
@@ -325,19 +325,13 @@ fn call_now(
             Poll::Ready(Err(err)) => Err(err),
             Poll::Pending => Ok(Calling::Waiting(invocation)),
         },
-        (None, Some(router)) => {
-            let mut router = router.clone();
-            match router.poll_ready(cx) {
-                Poll::Ready(Ok(())) => Ok(Calling::Routed(router.call(invocation))),
-                Poll::Ready(Err(err)) => Err(err),
-                Poll::Pending => Ok(Calling::Waiting(invocation)),
-            }
-        }
+        // The router is always ready, and routes from a borrow.
+        (None, Some(router)) => Ok(Calling::Routed(router.route(invocation))),
         (None, None) => unreachable!("the router stands for the tool stack only when set"),
     }
 }
 
-/// Drives the tool stack (`stack`, or a clone of `router`) to readiness,
+/// Drives the tool stack (`stack`, or `router`, always ready) to readiness,
 /// calls it and polls its future, its panic caught when `guarded`.
 fn poll_tool(
     stack: &mut Option<BoxTool>,
@@ -354,13 +348,7 @@ fn poll_tool(
                 }
                 Calling::Called(tools.call(calling.take_invocation()))
             }
-            (None, Some(router)) => {
-                let mut router = router.clone();
-                if let Err(err) = ready!(router.poll_ready(cx)) {
-                    return Poll::Ready(ToolAnswer::Failed(err));
-                }
-                Calling::Routed(router.call(calling.take_invocation()))
-            }
+            (None, Some(router)) => Calling::Routed(router.route(calling.take_invocation())),
             (None, None) => unreachable!("the router stands for the tool stack only when set"),
         };
         *calling = called;
