@@ -85,6 +85,9 @@ struct Inner {
     /// never makes one (see [`CancelWatch`]).
     cancel: OnceLock<CancellationToken>,
     state: Mutex<http::Extensions>,
+    /// Whether `state` may hold anything: set (a plain store) by every
+    /// writer before it locks, so a reader that finds it unset needs no lock.
+    state_written: AtomicBool,
     /// The agent's name, the ledger (with the price table) and the rare
     /// parts (with the hook points).
     shared: Mutex<Shared>,
@@ -259,6 +262,7 @@ impl RunContext {
                 iteration: AtomicU32::new(0),
                 cancel: OnceLock::from(self.token().child_token()),
                 state: Mutex::default(),
+                state_written: AtomicBool::new(false),
                 shared: Mutex::new(shared),
                 hook_failed: AtomicBool::new(false),
                 watched: AtomicBool::new(false),
@@ -412,6 +416,7 @@ impl RunContext {
     /// Stores a value of type `T` in the run's shared state, returning the
     /// previous one. Middleware use it to share per-run data.
     pub fn insert_state<T: Clone + Send + Sync + 'static>(&self, value: T) -> Option<T> {
+        self.inner.state_written.store(true, Ordering::Relaxed);
         lock(&self.inner.state).insert(value)
     }
 
@@ -423,7 +428,15 @@ impl RunContext {
     /// Runs `f` with the run's state map locked. Keep it short, and do not
     /// touch the state again from inside `f`.
     pub fn with_state<R>(&self, f: impl FnOnce(&mut http::Extensions) -> R) -> R {
+        self.inner.state_written.store(true, Ordering::Relaxed);
         f(&mut lock(&self.inner.state))
+    }
+
+    /// Whether the run's state may hold anything: `false` until a value was
+    /// put there (or the state map was handed out to do so), read without a
+    /// lock.
+    pub(crate) fn state_maybe_written(&self) -> bool {
+        self.inner.state_written.load(Ordering::Relaxed)
     }
 
     /// Records the usage of one model call that reached a backend: into this
@@ -949,6 +962,7 @@ impl RunContextBuilder {
                 parent: None,
                 iteration: AtomicU32::new(0),
                 cancel: self.cancel.map_or_else(OnceLock::new, OnceLock::from),
+                state_written: AtomicBool::new(!self.state.is_empty()),
                 state: Mutex::new(self.state),
                 shared: Mutex::default(),
                 hook_failed: AtomicBool::new(false),

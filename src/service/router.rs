@@ -133,7 +133,9 @@ impl RunTools {
     /// Sets this table as the agent's in `ctx`'s run, in place of any in
     /// the run's state: a pointer, not an entry of the state map.
     pub(crate) fn install(&self, ctx: &crate::context::RunContext) {
-        ctx.with_state(|state| state.remove::<RunTools>());
+        if ctx.state_maybe_written() {
+            ctx.with_state(|state| state.remove::<RunTools>());
+        }
         ctx.set_run_tools(self.0.clone());
     }
 
