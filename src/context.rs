@@ -807,10 +807,10 @@ impl RunContext {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// The hook points installed for this run, opaque: `crate::hooks` reads
-    /// them.
-    pub(crate) fn port_slot(&self) -> Option<PortSlot> {
-        self.read_rare(part::PORT, |rare| rare.port.clone())
+    /// `f` of the hook points installed for this run, opaque:
+    /// `crate::hooks` reads them (under the lock, so `f` must be short).
+    pub(crate) fn read_port_slot<R>(&self, f: impl FnOnce(&PortSlot) -> Option<R>) -> Option<R> {
+        self.read_rare(part::PORT, |rare| rare.port.as_ref().and_then(f))
             .flatten()
     }
 

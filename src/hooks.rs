@@ -423,8 +423,7 @@ pub(crate) trait HookPort: Send + Sync + 'static {
 /// The hooks installed in `ctx`'s run (by a lifecycle layer, or inherited
 /// from the run it is nested in), if any.
 pub(crate) fn installed(ctx: &RunContext) -> Option<Arc<dyn HookPort>> {
-    let slot = ctx.port_slot()?;
-    slot.downcast_ref::<Installed>().map(|i| i.0.clone())
+    ctx.read_port_slot(|slot| slot.downcast_ref::<Installed>().map(|i| i.0.clone()))
 }
 
 /// Installs `hooks` into `ctx`'s run, replacing any.
