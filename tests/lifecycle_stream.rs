@@ -321,6 +321,22 @@ async fn a_tool_that_may_stream_gets_the_delta_hooks_sink_and_one_that_cannot_do
         results_with_delta_hook(declared, &["probe", "quiet"]).await,
         ["no sink", "ok"]
     );
+    // Decided per tool: one that may stream beside it does not change that.
+    let silent = ToolDef::new(
+        ToolSpec::new("silent", "Probes", json!({"type": "object"})),
+        tower::service_fn(|invocation: ToolInvocation| async move {
+            Ok::<_, BoxError>(ToolOutput::text(match invocation.stream {
+                Some(_) => "sink",
+                None => "no sink",
+            }))
+        }),
+    )
+    .streams(false);
+    let mixed = ToolRouter::new().tool(sink_probe()).tool(silent);
+    assert_eq!(
+        results_with_delta_hook(mixed, &["probe", "silent", "probe"]).await,
+        ["sink", "no sink", "sink"]
+    );
 }
 
 /// `Next` drives `poll_ready` on what it calls: `ConcurrencyLimit` panics

@@ -341,6 +341,15 @@ impl ToolRouter {
         !self.table.sources.is_empty() || self.table.tools.values().any(|e| e.def.streams)
     }
 
+    /// Whether a call of the tool `name` may stream its progress: what its
+    /// definition says, and `true` for a name a source may answer.
+    pub(crate) fn tool_may_stream(&self, name: &str) -> bool {
+        match self.table.tools.get(name) {
+            Some(entry) => entry.def.streams,
+            None => !self.table.sources.is_empty(),
+        }
+    }
+
     /// The tool `invocation` goes to, or the router's own answer when it
     /// refuses it (an unknown tool, arguments that miss the schema).
     pub(crate) fn check(&self, invocation: &ToolInvocation) -> Result<BoxTool, ToolOutput> {

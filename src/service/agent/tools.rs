@@ -392,11 +392,19 @@ impl Run {
         span: &tracing::Span,
     ) -> Result<(ToolOutput, Option<String>), AgentError> {
         let ctx = &self.ctx;
+        // Whether this call may stream (decides whether a delta hook needs
+        // a sink for it): asked of the tool only when one of the agent's may.
+        let streams = self.config.tools_stream
+            && self
+                .config
+                .router
+                .as_ref()
+                .is_none_or(|router| router.tool_may_stream(&call.name));
         let result = match &self.hooks {
             // The invocation and the call's future are made inside the
             // race's argument: the run's future keeps the race alone, not a
             // second copy of them for locals.
-            Some(hooks) if !hooks.bare_tool_call(self.config.tools_stream) => {
+            Some(hooks) if !hooks.bare_tool_call(streams) => {
                 ctx.race({
                     let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
                     invocation.approved = approved;
@@ -408,7 +416,7 @@ impl Run {
                         invocation,
                         &self.config.tools,
                         self.config.router.as_ref(),
-                        self.config.tools_stream,
+                        streams,
                     );
                     AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind()
                 })
