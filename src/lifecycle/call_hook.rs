@@ -9,7 +9,7 @@ use futures::FutureExt;
 
 use super::attribute::{attribute, panicked};
 use super::middleware::{HookKind, NotOverridden};
-use super::stack::Entry;
+use super::stack::StackEntry;
 use super::{Hook, HookPoint};
 use crate::context::RunContext;
 use crate::error::{AgentError, BoxError};
@@ -83,7 +83,7 @@ pub(crate) fn log_ignored(ctx: &RunContext, name: &Arc<str>, hook: HookPoint, er
 /// What became of a hook that failed: the run's error, or `None` when the
 /// middleware fails open.
 fn fail<T>(
-    entry: &Entry,
+    entry: &StackEntry,
     ctx: &RunContext,
     hook: HookPoint,
     err: AgentError,
@@ -105,7 +105,7 @@ fn fail<T>(
 /// invocation that did not skip, balanced whatever happens; a panic fails
 /// with [`AgentError::Middleware`].
 pub(crate) async fn invoke<'h, T>(
-    entry: &Entry,
+    entry: &StackEntry,
     ctx: &RunContext,
     hook: HookPoint,
     make: impl FnOnce() -> Hook<'h, T>,
@@ -129,7 +129,7 @@ pub(crate) enum Invoked<'h, T> {
 /// branch.
 #[inline(always)]
 pub(crate) fn invoke_now<'h, T>(
-    entry: &Entry,
+    entry: &StackEntry,
     ctx: &RunContext,
     hook: HookPoint,
     make: impl FnOnce() -> Hook<'h, T>,
@@ -146,7 +146,7 @@ pub(crate) fn invoke_now<'h, T>(
 /// What [`invoke_now`] makes of an answer other than a skip.
 #[inline(never)]
 fn answered<'h, T>(
-    entry: &Entry,
+    entry: &StackEntry,
     ctx: &RunContext,
     hook: HookPoint,
     answer: std::thread::Result<Hook<'h, T>>,
@@ -184,7 +184,7 @@ fn answered<'h, T>(
 
 /// Waits for a hook's pending future, bracketed by its events.
 pub(crate) async fn finish<T>(
-    entry: &Entry,
+    entry: &StackEntry,
     ctx: &RunContext,
     hook: HookPoint,
     future: BoxFuture<'_, Result<T, BoxError>>,
@@ -212,7 +212,7 @@ pub(crate) async fn finish<T>(
 
 /// A hook's answer: attribution, the closing event, the fail policy.
 fn settle<T>(
-    entry: &Entry,
+    entry: &StackEntry,
     ctx: &RunContext,
     hook: HookPoint,
     bracket: Bracket<'_>,
@@ -233,7 +233,7 @@ fn settle<T>(
 
 /// Runs a synchronous delta hook: no events, panics caught.
 pub(crate) fn invoke_delta(
-    entry: &Entry,
+    entry: &StackEntry,
     ctx: &RunContext,
     hook: HookPoint,
     f: impl FnOnce() -> Result<(), BoxError>,

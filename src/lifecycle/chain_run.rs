@@ -14,7 +14,7 @@ use futures::future::BoxFuture;
 use super::attribute::{name_tripwire, panicked};
 use super::call_hook::{completed, started};
 use super::next::{call_innermost, own_failure, step, CallInnermost, Step};
-use super::stack::Entry;
+use super::stack::StackEntry;
 use super::wrap::WrapRequest;
 use super::{HookPoint, Next};
 use crate::context::RunContext;
@@ -23,7 +23,7 @@ use crate::error::BoxError;
 impl<Req: WrapRequest> Next<Req> {
     /// [`run`](Self::run) for a caller that holds `chain` (this `next`'s
     /// own) while the call runs.
-    pub(crate) fn run_in(self, chain: &Arc<[Entry]>, req: Req) -> ChainRun<'_, Req> {
+    pub(crate) fn run_in(self, chain: &Arc<[StackEntry]>, req: Req) -> ChainRun<'_, Req> {
         ChainRun::Start {
             chain,
             start: Some((self, req)),
@@ -61,7 +61,7 @@ impl<'a, Req: WrapRequest> ChainRun<'a, Req> {
 /// polled, as with [`Next::run`].
 pub(crate) enum ChainRun<'a, Req: WrapRequest> {
     Start {
-        chain: &'a Arc<[Entry]>,
+        chain: &'a Arc<[StackEntry]>,
         start: Option<(Next<Req>, Req)>,
     },
     /// A middleware answers with a future of its own.
@@ -82,7 +82,7 @@ impl<'a, Req: WrapRequest> Future for ChainRun<'a, Req> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         if let ChainRun::Start { chain, start } = this {
-            let chain: &'a Arc<[Entry]> = chain;
+            let chain: &'a Arc<[StackEntry]> = chain;
             let (next, req) = start.take().expect("ChainRun polled after completion");
             *this = match ChainRun::after(step(Some(chain), next, req, None)) {
                 Ok(run) => run,
@@ -119,7 +119,7 @@ enum Bracket {
 /// `MiddlewareCompleted` when done (`cancelled` if dropped before), its
 /// panic a typed error, its nameless tripwire named after it.
 pub(crate) struct Hooked<'a, Req: WrapRequest> {
-    entry: &'a Entry,
+    entry: &'a StackEntry,
     ctx: RunContext,
     home: Option<usize>,
     future: BoxFuture<'a, Result<Req::Response, BoxError>>,

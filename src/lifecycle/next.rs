@@ -16,7 +16,7 @@ use tower::Service;
 
 use super::attribute::{name_tripwire, panicked};
 use super::call_hook::Bracket;
-use super::stack::Entry;
+use super::stack::StackEntry;
 use super::wrap::{WrapRequest, WrappedKind};
 use super::HookPoint;
 use crate::context::RunContext;
@@ -39,7 +39,7 @@ pub(crate) type BoxService<Req> =
 pub struct Next<Req: WrapRequest> {
     /// The middleware whose wrap hooks may still run (`None` below a tower
     /// adapter), from `index` on.
-    chain: Option<Arc<[Entry]>>,
+    chain: Option<Arc<[StackEntry]>>,
     index: usize,
     innermost: Below<Req>,
     /// What the middleware that was handed this `next` received, to compare
@@ -201,7 +201,7 @@ impl<Req: WrapRequest> Next<Req> {
     /// The wrap hooks of `chain` (the first outermost) around `innermost`,
     /// for a stack installed in a run at depth `home`.
     pub(crate) fn chain(
-        chain: Arc<[Entry]>,
+        chain: Arc<[StackEntry]>,
         innermost: BoxService<Req>,
         home: Option<usize>,
     ) -> Self {
@@ -217,7 +217,7 @@ impl<Req: WrapRequest> Next<Req> {
     /// [`chain`](Self::chain) around the caller's own `innermost`, which is
     /// cloned only for a run that calls it.
     pub(crate) fn chain_lent(
-        chain: Arc<[Entry]>,
+        chain: Arc<[StackEntry]>,
         innermost: &Arc<BoxService<Req>>,
         home: Option<usize>,
     ) -> Self {
@@ -297,7 +297,7 @@ pub(super) enum Step<'e, Req: WrapRequest> {
     Innermost(Found<Req>, Req, bool),
     /// A middleware answers with a future of its own.
     Hooked {
-        entry: &'e Entry,
+        entry: &'e StackEntry,
         ctx: RunContext,
         home: Option<usize>,
         future: BoxFuture<'e, Result<Req::Response, BoxError>>,
@@ -346,7 +346,7 @@ async fn walk<Req: WrapRequest>(next: Next<Req>, req: Req) -> Walked<Req> {
 /// the request belongs to when the caller has it, is borrowed rather than
 /// cloned while the request keeps it.
 pub(super) fn step<'e, Req: WrapRequest>(
-    chain: Option<&'e Arc<[Entry]>>,
+    chain: Option<&'e Arc<[StackEntry]>>,
     next: Next<Req>,
     req: Req,
     run: Option<&RunContext>,
@@ -367,7 +367,7 @@ pub(super) fn step<'e, Req: WrapRequest>(
                 // Not a middleware's: the walk's own, which goes on up.
                 resume_unwind(panic)
             };
-            let entry: &Entry = entry;
+            let entry: &StackEntry = entry;
             let hook = Req::wrap_hook();
             let bracket = Bracket::open(&ctx, &entry.name, hook);
             bracket.close("panic");
@@ -380,11 +380,11 @@ pub(super) fn step<'e, Req: WrapRequest>(
 /// The loop of [`step`]: `calling` names the middleware whose wrap hook
 /// runs, while it runs.
 fn walk_chain<'e, Req: WrapRequest>(
-    chain: Option<&'e Arc<[Entry]>>,
+    chain: Option<&'e Arc<[StackEntry]>>,
     mut next: Next<Req>,
     mut req: Req,
     ctx: &mut Cow<'_, RunContext>,
-    calling: &mut Option<(&'e Entry, Option<usize>)>,
+    calling: &mut Option<(&'e StackEntry, Option<usize>)>,
 ) -> Step<'e, Req> {
     let hook = Req::wrap_hook();
     // Whether `next` holds the snapshot of `req` as it is: handed on as it

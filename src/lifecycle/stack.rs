@@ -39,7 +39,7 @@ use super::{FailPolicy, HookPoint, Middleware, ModelMiddleware, ToolMiddleware};
 /// them.
 #[derive(Clone, Default)]
 pub struct MiddlewareStack {
-    entries: Vec<Entry>,
+    entries: Vec<StackEntry>,
 }
 
 impl MiddlewareStack {
@@ -132,7 +132,7 @@ impl fmt::Debug for MiddlewareStack {
 
 /// A registered middleware, shared by every stack compiled or composed from
 /// it.
-pub(crate) type Entry = Arc<Registered>;
+pub(crate) type StackEntry = Arc<Registered>;
 
 /// A middleware with what the stack reads once, and what it learned: the
 /// hook points where it answered "not overridden".
@@ -207,7 +207,7 @@ impl Masks {
 /// A compiled stack: what one run (or one placement level) uses.
 pub(crate) struct CompiledStack {
     /// In registration order; wrap chains walk it from the start.
-    pub(crate) entries: Arc<[Entry]>,
+    pub(crate) entries: Arc<[StackEntry]>,
     pub(crate) holds_stream: bool,
     /// The hook points where the middleware may run, derived once for the
     /// stack (again only after one of them learned something): a hook point
@@ -216,7 +216,7 @@ pub(crate) struct CompiledStack {
 }
 
 impl CompiledStack {
-    fn build(entries: Vec<Entry>) -> CompiledStack {
+    fn build(entries: Vec<StackEntry>) -> CompiledStack {
         let holds_stream = entries.iter().any(|e| e.holds_stream);
         CompiledStack {
             entries: entries.into(),
@@ -304,7 +304,7 @@ impl CompiledStack {
 
     /// The one middleware that may run at `hook`, if exactly one may.
     #[inline]
-    pub(crate) fn sole(&self, hook: HookPoint) -> Option<&Entry> {
+    pub(crate) fn sole(&self, hook: HookPoint) -> Option<&StackEntry> {
         let (any, several) = self.masks();
         if (any & !several) & hook.bit() == 0 {
             return None;
@@ -315,7 +315,7 @@ impl CompiledStack {
     /// The middleware that may run at `hook`, in the order to call them
     /// (reversed for the hooks that see what comes back).
     #[inline]
-    pub(crate) fn at(&self, hook: HookPoint) -> impl Iterator<Item = &Entry> {
+    pub(crate) fn at(&self, hook: HookPoint) -> impl Iterator<Item = &StackEntry> {
         let n = if self.has(hook) {
             self.entries.len()
         } else {

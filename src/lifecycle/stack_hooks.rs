@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 
 use super::call_hook::{finish, invoke, invoke_delta, invoke_now, log_ignored, Invoked};
 use super::edit_watch::watcher;
-use super::stack::{CompiledStack, Entry};
+use super::stack::{CompiledStack, StackEntry};
 use super::verdict::{decision_rank, merge_verdicts};
 use super::{Hook, HookPoint};
 use crate::context::RunContext;
@@ -27,7 +27,7 @@ impl CompiledStack {
     /// The `i`-th middleware in the order `hook` calls them (reversed for
     /// the hooks that see what comes back).
     #[inline]
-    fn nth(&self, hook: HookPoint, i: usize) -> &Entry {
+    fn nth(&self, hook: HookPoint, i: usize) -> &StackEntry {
         let n = self.entries.len();
         &self.entries[if hook.is_reversed() { n - 1 - i } else { i }]
     }
@@ -43,8 +43,8 @@ impl CompiledStack {
         ctx: &'a RunContext,
         hook: HookPoint,
         mut acc: A,
-        call: impl Fn(&'a Entry) -> Hook<'a, T> + Send + Sync + 'a,
-        step: impl Fn(&mut A, &'a Entry, T) -> bool + Send + 'a,
+        call: impl Fn(&'a StackEntry) -> Hook<'a, T> + Send + Sync + 'a,
+        step: impl Fn(&mut A, &'a StackEntry, T) -> bool + Send + 'a,
     ) -> Folded<'a, A>
     where
         T: Send + 'a,
@@ -52,7 +52,8 @@ impl CompiledStack {
     {
         let tolerant = matches!(hook, HookPoint::OnError | HookPoint::AfterAgent);
         let absorb =
-            move |acc: &mut A, e: &'a Entry, found: Result<Option<T>, AgentError>| match found {
+            move |acc: &mut A, e: &'a StackEntry, found: Result<Option<T>, AgentError>| match found
+            {
                 Ok(None) => Ok(false),
                 Ok(Some(value)) => Ok(step(acc, e, value)),
                 Err(err) if tolerant => {
@@ -527,7 +528,7 @@ impl<A> Future for Folded<'_, A> {
 pub(crate) fn sole_verdict(
     ctx: &RunContext,
     call: &ToolCall,
-    e: &Entry,
+    e: &StackEntry,
     verdict: ToolVerdict,
 ) -> ToolVerdict {
     take_verdict(ctx, call, e, None, ToolVerdict::default(), verdict)
@@ -540,7 +541,7 @@ pub(crate) fn sole_verdict(
 fn take_verdict(
     ctx: &RunContext,
     call: &ToolCall,
-    e: &Entry,
+    e: &StackEntry,
     current: Option<&mut Cow<'_, ToolCall>>,
     merged: ToolVerdict,
     mut verdict: ToolVerdict,

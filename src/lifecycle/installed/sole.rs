@@ -7,14 +7,14 @@ use super::InstalledHooks;
 use crate::context::RunContext;
 use crate::hooks::HookFuture;
 use crate::lifecycle::call_hook::{finish, invoke_now, log_ignored, Invoked};
-use crate::lifecycle::stack::Entry;
+use crate::lifecycle::stack::StackEntry;
 use crate::lifecycle::{Hook, HookPoint};
 
 impl InstalledHooks {
     /// The one middleware that may run at `hook`, when nothing is
     /// inherited and exactly one here may.
     #[inline]
-    pub(super) fn sole_here(&self, hook: HookPoint) -> Option<&Entry> {
+    pub(super) fn sole_here(&self, hook: HookPoint) -> Option<&StackEntry> {
         if self.outer.is_some() {
             return None;
         }
@@ -28,7 +28,7 @@ impl InstalledHooks {
     #[inline(always)]
     pub(super) fn sole_port<'a, T, U>(
         &'a self,
-        e: &'a Entry,
+        e: &'a StackEntry,
         ctx: &'a RunContext,
         hook: HookPoint,
         make: impl FnOnce() -> Hook<'a, T>,
