@@ -229,42 +229,35 @@ impl Path {
     }
 }
 
-/// Runs one turn calling both tools along `path`: what the model read in
-/// its next turn, the panics of the `ToolCallCompleted` events by call id,
-/// and what the path's wrap hook read from `next`.
-async fn run(
-    path: Path,
-    show: bool,
-    parallel: bool,
-) -> (Vec<String>, Vec<(String, Option<String>)>, Vec<Answer>) {
-    let model = ScriptedModel::new([
+/// A turn calling both tools, then an answer.
+fn both_tools() -> ScriptedModel {
+    ScriptedModel::new([
         ScriptedTurn::tool_calls([
             ToolCall::new("1", "explode", "{}"),
             ToolCall::new("2", "explode_blocking", "{}"),
         ]),
         ScriptedTurn::text("done"),
-    ]);
-    let read = Read::default();
-    let builder = Agent::builder("panics")
-        .model(model.clone())
-        .tools(tools())
-        .show_tool_panics(show)
-        .parallel_tool_calls(parallel);
-    let agent = path.agent(builder, &read).build().unwrap();
+    ])
+}
+
+/// A context whose events go to a sink, and the sink.
+fn collecting() -> (RunContext, CollectingSink) {
     let sink = CollectingSink::new();
-    let ctx = RunContext::builder().events(sink.clone()).build();
-    let run = agent
-        .oneshot(RunRequest::new("go").context(ctx))
-        .await
-        .unwrap();
-    assert_eq!(run.output, "done", "{path:?}");
-    let requests = model.requests();
-    let read_by_model = requests[1]
+    (RunContext::builder().events(sink.clone()).build(), sink)
+}
+
+/// The tool results the model read in its second turn.
+fn read_by_model(model: &ScriptedModel) -> Vec<String> {
+    model.requests()[1]
         .messages
         .iter()
         .filter(|m| m.role == Role::Tool)
         .map(|m| m.text().into_owned())
-        .collect();
+        .collect()
+}
+
+/// The panics of the `ToolCallCompleted` events, by call id.
+fn panics_by_id(sink: &CollectingSink) -> Vec<(String, Option<String>)> {
     let mut panics: Vec<_> = sink
         .events()
         .into_iter()
@@ -274,7 +267,32 @@ async fn run(
         })
         .collect();
     panics.sort();
-    (read_by_model, panics, read.by_id())
+    panics
+}
+
+/// Runs one turn calling both tools along `path`: what the model read in
+/// its next turn, the panics of the `ToolCallCompleted` events by call id,
+/// and what the path's wrap hook read from `next`.
+async fn run(
+    path: Path,
+    show: bool,
+    parallel: bool,
+) -> (Vec<String>, Vec<(String, Option<String>)>, Vec<Answer>) {
+    let model = both_tools();
+    let read = Read::default();
+    let builder = Agent::builder("panics")
+        .model(model.clone())
+        .tools(tools())
+        .show_tool_panics(show)
+        .parallel_tool_calls(parallel);
+    let agent = path.agent(builder, &read).build().unwrap();
+    let (ctx, sink) = collecting();
+    let run = agent
+        .oneshot(RunRequest::new("go").context(ctx))
+        .await
+        .unwrap();
+    assert_eq!(run.output, "done", "{path:?}");
+    (read_by_model(&model), panics_by_id(&sink), read.by_id())
 }
 
 fn owned(panics: [(&str, Option<&str>); 2]) -> Vec<(String, Option<String>)> {
@@ -309,13 +327,7 @@ async fn the_model_reads_the_panic_when_told_to_on_every_path() {
 #[tokio::test]
 async fn a_lifecycle_layer_around_the_agent_keeps_the_panic_from_the_model() {
     for show in [false, true] {
-        let model = ScriptedModel::new([
-            ScriptedTurn::tool_calls([
-                ToolCall::new("1", "explode", "{}"),
-                ToolCall::new("2", "explode_blocking", "{}"),
-            ]),
-            ScriptedTurn::text("done"),
-        ]);
+        let model = both_tools();
         let read = Read::default();
         let agent = Agent::builder("panics")
             .model(model.clone())
@@ -329,32 +341,16 @@ async fn a_lifecycle_layer_around_the_agent_keeps_the_panic_from_the_model() {
                 .push(Reader(read.clone())),
         )
         .layer(agent);
-        let sink = CollectingSink::new();
-        let ctx = RunContext::builder().events(sink.clone()).build();
+        let (ctx, sink) = collecting();
         agent
             .oneshot(RunRequest::new("go").context(ctx))
             .await
             .unwrap();
-        let texts: Vec<String> = model.requests()[1]
-            .messages
-            .iter()
-            .filter(|m| m.role == Role::Tool)
-            .map(|m| m.text().into_owned())
-            .collect();
         let expected = if show { SHOWN } else { HIDDEN };
-        assert_eq!(texts, expected);
+        assert_eq!(read_by_model(&model), expected);
         let expected: Vec<_> = expected.iter().map(|t| Ok(ToolOutput::error(*t))).collect();
         assert_eq!(read.by_id(), expected);
-        let mut panics: Vec<_> = sink
-            .events()
-            .into_iter()
-            .filter_map(|e| match e {
-                AgentEvent::ToolCallCompleted { call_id, panic, .. } => Some((call_id, panic)),
-                _ => None,
-            })
-            .collect();
-        panics.sort();
-        assert_eq!(panics, owned(PANICS));
+        assert_eq!(panics_by_id(&sink), owned(PANICS));
     }
 }
 
@@ -415,20 +411,13 @@ async fn a_panic_in_the_tool_stacks_call_is_the_tools_panic() {
             .tools(tools())
             .tool_layer(tower::layer::layer_fn(|_| PanicsInCall));
         let agent = path.agent(builder, &read).build().unwrap();
-        let sink = CollectingSink::new();
-        let ctx = RunContext::builder().events(sink.clone()).build();
+        let (ctx, sink) = collecting();
         let run = agent
             .oneshot(RunRequest::new("go").context(ctx))
             .await
             .unwrap();
         assert_eq!(run.output, "done", "{path:?}");
-        let texts: Vec<String> = model.requests()[1]
-            .messages
-            .iter()
-            .filter(|m| m.role == Role::Tool)
-            .map(|m| m.text().into_owned())
-            .collect();
-        assert_eq!(texts, [HIDDEN[0]], "{path:?}");
+        assert_eq!(read_by_model(&model), [HIDDEN[0]], "{path:?}");
         let panic = sink.events().into_iter().find_map(|e| match e {
             AgentEvent::ToolCallCompleted { panic, .. } => Some(panic),
             _ => None,
