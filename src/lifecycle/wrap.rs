@@ -253,9 +253,7 @@ impl WrapRequest for ModelCall {
 }
 
 impl sealed::Plumbing for ModelCall {
-    /// The messages a middleware was handed, kept only while something
-    /// watches the run's messages: nothing else reads them.
-    type Snapshot = Option<History>;
+    type Snapshot = History;
     type Name = ModelName;
     const KIND: &'static str = "model";
     const RECOVERS: bool = false;
@@ -268,19 +266,13 @@ impl sealed::Plumbing for ModelCall {
         mw.wrap_model(req, next)
     }
 
-    fn snapshot(&self) -> Option<History> {
-        self.context
-            .maybe_watched()
-            .then(|| self.request.messages.clone())
+    fn snapshot(&self) -> History {
+        self.request.messages.clone()
     }
 
     /// Tells a prompt-cache guard, if the run has one, that `by` changed the
     /// messages.
-    fn reconcile(&mut self, by: &Arc<str>, received: &Option<History>) -> bool {
-        let Some(received) = received else {
-            // Nobody watched when it was handed over: nobody to tell.
-            return true;
-        };
+    fn reconcile(&mut self, by: &Arc<str>, received: &History) -> bool {
         if History::ptr_eq(received, &self.request.messages) {
             return true;
         }
