@@ -534,8 +534,10 @@ where
 /// A tool's panic ([`ToolPanicked`]) reads as a failure of the named tool,
 /// its message left out unless the agent running the run shows tool panics;
 /// the message is noted on `ctx` for the call `call_id`, whose event takes
-/// it. Every way a tool call goes (without hooks, below wrap hooks, through
-/// a tower adapter, outside a run) comes here with its panic.
+/// it. A tool call in a run comes here with its panic whichever way it
+/// went (without hooks, below wrap hooks, through a tower adapter); outside
+/// a run, [`Runtime::invoke_tool`](crate::lifecycle::Runtime::invoke_tool)
+/// does too.
 pub(crate) fn tool_failure(
     ctx: &RunContext,
     tool: &str,

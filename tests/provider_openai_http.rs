@@ -241,6 +241,11 @@ async fn a_stalled_server_times_out_at_the_shorter_of_timeout_and_deadline() {
     let err = chat.oneshot(call).await.unwrap_err();
     assert_eq!(kind_of(err.as_ref()), ErrorKind::Timeout);
     assert!(started.elapsed() < Duration::from_secs(30));
+    // It says so: the run's deadline fired, after the run's 2 s.
+    assert_eq!(
+        AgentError::classify(err).timeout_source(),
+        Some((TimeoutSource::RunDeadline, Some(Duration::from_secs(2))))
+    );
 }
 
 #[tokio::test(start_paused = true)]

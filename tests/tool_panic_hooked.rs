@@ -463,3 +463,51 @@ async fn after_a_handoff_the_target_agent_decides() {
         assert_eq!(texts, [expected], "show={show}");
     }
 }
+
+/// Answers for a tool whose call came back as an error result.
+struct FallBack;
+
+impl Middleware for FallBack {
+    fn name(&self) -> &str {
+        "fall-back"
+    }
+
+    fn wrap_tool<'a>(
+        &'a self,
+        invocation: ToolInvocation,
+        next: ToolNext,
+    ) -> Wrapped<'a, ToolInvocation> {
+        Wrapped::new(async move {
+            let output = next.run(invocation).await?;
+            Ok(if output.is_error {
+                ToolOutput::text("answered from the cache")
+            } else {
+                output
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_panic_a_wrap_hook_answered_for_is_not_reported_with_its_answer() {
+    let model = both_tools();
+    let agent = Agent::builder("panics")
+        .model(model.clone())
+        .tools(tools())
+        .middleware(MiddlewareStack::new().push(FallBack))
+        .build()
+        .unwrap();
+    let (ctx, sink) = collecting();
+    agent
+        .oneshot(RunRequest::new("go").context(ctx))
+        .await
+        .unwrap();
+    assert_eq!(
+        read_by_model(&model),
+        ["answered from the cache", "answered from the cache"]
+    );
+    assert_eq!(
+        panics_by_id(&sink),
+        [("1".to_owned(), None), ("2".to_owned(), None)]
+    );
+}

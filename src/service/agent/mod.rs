@@ -349,9 +349,12 @@ impl AgentBuilder {
 
     /// Whether the model reads a tool's panic message (default `false`: it
     /// reads that the tool failed, named; the message goes to the
-    /// `ToolCallCompleted` event and the trace). The same below any
-    /// middleware: a wrap hook's `next.run` answers what the model will
-    /// read.
+    /// `ToolCallCompleted` event and the trace). The same below the wrap
+    /// hooks of the agent's middleware: their `next.run` answers the error
+    /// result the model will read. Below a tower tool layer
+    /// (`tool_layer(from_fn(..))`, `WrapToolLayer`), `next.run` fails with
+    /// a [`ToolPanicked`](crate::error::ToolPanicked) instead, whose
+    /// display leaves the message out.
     pub fn show_tool_panics(mut self, show: bool) -> Self {
         self.limits.show_panics = show;
         self

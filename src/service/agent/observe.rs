@@ -5,7 +5,8 @@
 //! An observer opens when the thing starts and closes with its result. One
 //! dropped while still open (an early return, a panic unwinding, the run's
 //! future dropped, a sibling tool call failing) closes itself: as
-//! `CANCELLED`, or as `INTERNAL` while a panic unwinds. So `*Started` and
+//! `TIMEOUT` once the run's deadline passed, `CANCELLED` otherwise, or as
+//! `INTERNAL` while a panic unwinds. So `*Started` and
 //! `*Completed` always balance.
 //!
 //! The `tracing` events use the OpenTelemetry GenAI names of the spans they
@@ -104,10 +105,14 @@ fn named(model: &ModelName) -> Option<&str> {
     (!model.is_empty()).then(|| model.as_str())
 }
 
-/// The code of something that ended without a result.
-fn dropped_code() -> &'static str {
+/// The code of something of `ctx`'s run that ended without a result: the
+/// run's deadline, once it passed (the run ends with `TIMEOUT`, whichever
+/// of its futures saw it first), a cancellation otherwise.
+fn dropped_code(ctx: &RunContext) -> &'static str {
     if std::thread::panicking() {
         ErrorKind::Other.code()
+    } else if ctx.remaining() == Some(std::time::Duration::ZERO) {
+        ErrorKind::Timeout.code()
     } else {
         ErrorKind::Cancelled.code()
     }
@@ -196,7 +201,7 @@ impl RunObserver {
     /// Says the run ended without a result: cancelled, or failed while a
     /// panic unwinds.
     pub(super) fn dropped(self, ctx: &RunContext, agent: &Arc<str>) {
-        self.failed(ctx, agent, dropped_code(), None);
+        self.failed(ctx, agent, dropped_code(ctx), None);
     }
 
     fn failed(
@@ -368,7 +373,7 @@ impl<'a> ModelCallObserver<'a> {
 impl Drop for ModelCallObserver<'_> {
     fn drop(&mut self) {
         if self.open {
-            self.fail(dropped_code(), None);
+            self.fail(dropped_code(self.ctx), None);
         }
     }
 }
@@ -494,7 +499,7 @@ impl<'a> ToolCallObserver<'a> {
 impl Drop for ToolCallObserver<'_> {
     fn drop(&mut self) {
         if self.open {
-            self.fail(dropped_code(), None);
+            self.fail(dropped_code(self.ctx), None);
         }
     }
 }

@@ -420,7 +420,7 @@ impl Run {
                     );
                     AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind()
                 })
-                .await?
+                .await
             }
             // Without hooks around the call (none, or only `before_tool`
             // and `after_tool`), it goes straight to the tool stack, or to
@@ -435,25 +435,30 @@ impl Run {
                     &self.config.tools,
                     span,
                 )
-                .await?
+                .await
             }
         };
-        let mut output = match result {
-            Ok(Ok(output)) => output,
+        let output = result.and_then(|answer| match answer {
+            Ok(Ok(output)) => Ok(output),
             Ok(Err(err)) => {
                 let tool = format!("tool:{}", call.name);
                 let err = attribute_tripwire(classify(err), &tool, "call_tool");
-                tool_failure(ctx, &call.name, &call.id, err)?
+                tool_failure(ctx, &call.name, &call.id, err)
             }
             // Caught here (no hook caught it below): the same rule as a
             // panic a wrap hook's `next` caught.
             Err(panic) => {
                 let panic = ToolPanicked::new(&call.name, &*panic);
-                tool_failure(ctx, &call.name, &call.id, AgentError::Other(panic.into()))?
+                tool_failure(ctx, &call.name, &call.id, AgentError::Other(panic.into()))
             }
-        };
-        // Noted by `tool_failure`, wherever the panic was caught.
-        let panicked = ctx.take_tool_panic(&call.id);
+        });
+        // Noted by `tool_failure` wherever the panic was caught, and taken
+        // whatever became of the call; the event reports it only for a
+        // result that stands for it (a wrap hook may have called the tool
+        // again, or answered for it).
+        let noted = ctx.take_tool_panic(&call.id);
+        let mut output = output?;
+        let panicked = noted.filter(|_| output.is_error);
         if ctx.stop_requested().is_some() {
             ctx.attribute_stop(&format!("tool:{}", call.name));
         }

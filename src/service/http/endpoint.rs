@@ -12,7 +12,7 @@ use tracing::{field, Instrument};
 use super::error::{broken, classify_http, transport, MAX_ERROR_BODY};
 use super::options::HttpOptions;
 use super::sse::{decode, Decoder, Failed};
-use crate::error::{AgentError, BoxError, ProviderError};
+use crate::error::{AgentError, BoxError, ErrorKind, ProviderError, TimeoutSource};
 use crate::future::BoxResponseFuture;
 use crate::request::{DeltaSink, ModelCall};
 use crate::types::{ModelDelta, ModelResponse};
@@ -198,6 +198,13 @@ impl Endpoint {
                     ctx.record_usage(model, usage);
                 }
                 span.record("error.type", error.kind().code());
+                if error.kind() == ErrorKind::Timeout && ctx.remaining() == Some(Duration::ZERO) {
+                    // The run's deadline bounded the request, and passed.
+                    return Err(Box::new(AgentError::Timeout {
+                        timer: TimeoutSource::RunDeadline,
+                        after: Some(ctx.elapsed()),
+                    }));
+                }
                 Err(error.into())
             }
         }
@@ -221,17 +228,23 @@ impl Endpoint {
         if sink.is_some() {
             request = request.header(ACCEPT, "text/event-stream");
         }
-        let timeout = match (self.timeout, call.context.remaining()) {
+        let left = call.context.remaining();
+        let timeout = match (self.timeout, left) {
             (Some(own), Some(left)) => Some(own.min(left)),
             (own, left) => own.or(left),
         };
         if let Some(timeout) = timeout {
             request = request.timeout(timeout);
         }
+        // What a timeout names as the provider's: its own, when the run's
+        // deadline did not come first.
+        let allowed = self
+            .timeout
+            .filter(|own| left.is_none_or(|left| *own <= left));
         let response = request
             .send()
             .await
-            .map_err(|e| failed(transport(e, 0).allowed(timeout)))?;
+            .map_err(|e| failed(transport(e, 0).allowed(allowed)))?;
         let status = response.status();
         if !status.is_success() {
             let headers = response.headers().clone();
@@ -249,11 +262,11 @@ impl Endpoint {
                 format.decoder(model),
                 sink,
                 self.max_bytes,
-                |e, sent| transport(e, sent).allowed(timeout),
+                |e, sent| transport(e, sent).allowed(allowed),
             )
             .await;
         }
-        let body = read_body(response, self.max_bytes, timeout)
+        let body = read_body(response, self.max_bytes, allowed)
             .await
             .map_err(failed)?;
         let response = format
