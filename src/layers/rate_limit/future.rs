@@ -222,7 +222,7 @@ where
                     let admitted = ready!(queued.poll_admitted(cx));
                     *waited += since.elapsed();
                     *waiter = None;
-                    *ticket = Some(super::service::merged(ticket.take(), admitted));
+                    *ticket = Some(Ticket::merged(ticket.take(), admitted));
                 }
                 let ticket = ticket.take().expect("admitted before the call");
                 let call = call.take().expect("called once");

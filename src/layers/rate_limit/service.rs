@@ -217,12 +217,12 @@ where
             // Ample capacity and nothing to report: call the service made
             // ready right away.
             Ok(Arrival::Admitted(ticket)) if waited.is_zero() => {
-                let ticket = merged(held, ticket);
+                let ticket = Ticket::merged(held, ticket);
                 future::ResponseFuture::called(self.inner.call(call), ticket.send())
             }
             Ok(arrival) => {
                 let (waiter, held) = match arrival {
-                    Arrival::Admitted(ticket) => (None, Some(merged(held, ticket))),
+                    Arrival::Admitted(ticket) => (None, Some(Ticket::merged(held, ticket))),
                     Arrival::Queued(waiter) => (Some(waiter), held),
                 };
                 // The response future calls later: it takes the ready
@@ -271,16 +271,5 @@ where
                 future::ResponseFuture::refused(RateLimited::new(key.key(), retry_after))
             }
         }
-    }
-}
-
-/// A slot held from `poll_ready` takes over what `ticket` holds.
-pub(super) fn merged(held: Option<Ticket>, ticket: Ticket) -> Ticket {
-    match held {
-        Some(mut held) => {
-            held.merge(ticket);
-            held
-        }
-        None => ticket,
     }
 }

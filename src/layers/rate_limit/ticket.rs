@@ -166,6 +166,18 @@ impl Ticket {
         self.shared().key()
     }
 
+    /// `ticket`, or a slot held from `poll_ready` (`held`) that takes over
+    /// what `ticket` holds.
+    pub(super) fn merged(held: Option<Ticket>, ticket: Ticket) -> Ticket {
+        match held {
+            Some(mut held) => {
+                held.merge(ticket);
+                held
+            }
+            None => ticket,
+        }
+    }
+
     /// Takes over what `other` (of the same key) holds that this ticket
     /// lacks; `other` gives back the rest as it drops.
     pub(super) fn merge(&mut self, mut other: Ticket) {
