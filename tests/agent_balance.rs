@@ -616,15 +616,19 @@ fn codes_of(events: &[AgentEvent], call_id: &str) -> Vec<Option<&'static str>> {
         .collect()
 }
 
-/// Checks the events balance and every call `call_1` (the parent's and,
-/// nested, the sub-agent's) ended with `code`.
-fn ended_with(events: &[AgentEvent], code: &str, name: &str) {
+/// Checks that the run of agent `name` (whose middleware wrap the tool
+/// call when `wraps`) failed with `code`, its events balance, and every
+/// call `call_1` (the parent's and, nested, the sub-agent's) ended with
+/// `code` too.
+fn stopped_as(events: &[AgentEvent], wraps: bool, code: &'static str, name: &str) {
+    assert_eq!(wrapped(events), wraps, "{name}");
     balanced(events);
     let codes = codes_of(events, "call_1");
     assert!(
         !codes.is_empty() && codes.iter().all(|c| *c == Some(code)),
         "{name}: {codes:?}"
     );
+    assert_eq!(run_status(events), ("failed", Some(code)), "{name}");
 }
 
 /// Whether a `wrap_tool` hook started.
@@ -649,10 +653,7 @@ async fn cancelled_while_a_tool_runs_inside_middleware() {
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Cancelled, "{name}");
-        let events = sink.events();
-        assert_eq!(wrapped(&events), wraps, "{name}");
-        ended_with(&events, "CANCELLED", &name);
-        assert_eq!(run_status(&events), ("failed", Some("CANCELLED")), "{name}");
+        stopped_as(&sink.events(), wraps, "CANCELLED", &name);
     }
 }
 
@@ -669,10 +670,7 @@ async fn the_deadline_passes_while_a_tool_runs_inside_middleware() {
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Timeout, "{name}");
-        let events = sink.events();
-        assert_eq!(wrapped(&events), wraps, "{name}");
-        ended_with(&events, "TIMEOUT", &name);
-        assert_eq!(run_status(&events), ("failed", Some("TIMEOUT")), "{name}");
+        stopped_as(&sink.events(), wraps, "TIMEOUT", &name);
     }
 }
 
@@ -686,9 +684,6 @@ async fn the_run_is_dropped_while_a_tool_runs_inside_middleware() {
             Duration::from_secs(1),
         )
         .await;
-        let events = sink.events();
-        assert_eq!(wrapped(&events), wraps, "{name}");
-        ended_with(&events, "CANCELLED", &name);
-        assert_eq!(run_status(&events), ("failed", Some("CANCELLED")), "{name}");
+        stopped_as(&sink.events(), wraps, "CANCELLED", &name);
     }
 }
