@@ -39,44 +39,104 @@ use tower_agent::{
 #[path = "common/mod.rs"]
 mod common;
 
+/// The lifecycle hooks (all but the wrap and delta ones), each answering
+/// "nothing to do this time".
+macro_rules! skipping_lifecycle_hooks {
+    () => {
+        fn before_agent<'a>(&'a self, _: &'a RunContext, _: RunStart) -> Hook<'a, Option<String>> {
+            Hook::skip()
+        }
+        fn before_run<'a>(
+            &'a self,
+            _: &'a RunContext,
+            _: &'a mut Message,
+            _: &'a History,
+        ) -> Hook<'a, Option<String>> {
+            Hook::skip()
+        }
+        fn before_model<'a>(&'a self, _: &'a RunContext, _: &'a mut History) -> Hook<'a, ()> {
+            Hook::skip()
+        }
+        fn after_model<'a>(&'a self, _: &'a RunContext, _: &'a mut ModelResponse) -> Hook<'a, ()> {
+            Hook::skip()
+        }
+        fn before_tool<'a>(
+            &'a self,
+            _: &'a RunContext,
+            _: &'a ToolCall,
+            _: bool,
+        ) -> Hook<'a, ToolVerdict> {
+            Hook::skip()
+        }
+        fn after_tool<'a>(
+            &'a self,
+            _: &'a RunContext,
+            _: &'a ToolCall,
+            _: &'a mut ToolOutput,
+        ) -> Hook<'a, ()> {
+            Hook::skip()
+        }
+        fn after_tool_batch<'a>(
+            &'a self,
+            _: &'a RunContext,
+            _: &'a [ToolCallResult<'a>],
+        ) -> Hook<'a, ()> {
+            Hook::skip()
+        }
+        fn before_stop<'a>(
+            &'a self,
+            _: &'a RunContext,
+            _: &'a Message,
+            _: u32,
+        ) -> Hook<'a, Option<String>> {
+            Hook::skip()
+        }
+        fn before_compaction<'a>(&'a self, _: &'a RunContext, _: &'a History) -> Hook<'a, bool> {
+            Hook::skip()
+        }
+        fn after_compaction<'a>(&'a self, _: &'a RunContext, _: &'a Compaction) -> Hook<'a, ()> {
+            Hook::skip()
+        }
+        fn before_model_switch<'a>(
+            &'a self,
+            _: &'a RunContext,
+            _: &'a str,
+            _: &'a str,
+        ) -> Hook<'a, bool> {
+            Hook::skip()
+        }
+        fn decide_approval<'a>(
+            &'a self,
+            _: &'a RunContext,
+            _: &'a ToolCall,
+        ) -> Hook<'a, Option<ApprovalDecision>> {
+            Hook::skip()
+        }
+        fn on_notification<'a>(&'a self, _: &'a RunContext, _: &'a Notification) -> Hook<'a, ()> {
+            Hook::skip()
+        }
+        fn on_error<'a>(&'a self, _: &'a RunContext, _: &'a AgentError) -> Hook<'a, ()> {
+            Hook::skip()
+        }
+        fn after_agent<'a>(&'a self, _: &'a RunContext, _: RunOutcome<'a>) -> Hook<'a, ()> {
+            Hook::skip()
+        }
+    };
+}
+
 /// Overrides every hook with "nothing to do this time".
 struct Noop;
 
-#[allow(unused_variables)]
 impl Middleware for Noop {
     fn name(&self) -> &str {
         "noop"
     }
-    fn before_agent<'a>(&'a self, _: &'a RunContext, _: RunStart) -> Hook<'a, Option<String>> {
-        Hook::skip()
-    }
-    fn before_run<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a mut Message,
-        _: &'a History,
-    ) -> Hook<'a, Option<String>> {
-        Hook::skip()
-    }
-    fn before_model<'a>(&'a self, _: &'a RunContext, _: &'a mut History) -> Hook<'a, ()> {
-        Hook::skip()
-    }
+    skipping_lifecycle_hooks!();
     fn wrap_model<'a>(&'a self, call: ModelCall, next: ModelNext) -> Wrapped<'a, ModelCall> {
         Wrapped::next(call, next)
     }
     fn on_model_delta(&self, _: &RunContext, _: &mut ModelDelta) -> Result<(), BoxError> {
         Ok(())
-    }
-    fn after_model<'a>(&'a self, _: &'a RunContext, _: &'a mut ModelResponse) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn before_tool<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a ToolCall,
-        _: bool,
-    ) -> Hook<'a, ToolVerdict> {
-        Hook::skip()
     }
     fn wrap_tool<'a>(
         &'a self,
@@ -93,148 +153,17 @@ impl Middleware for Noop {
     ) -> Result<(), BoxError> {
         Ok(())
     }
-    fn after_tool<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a ToolCall,
-        _: &'a mut ToolOutput,
-    ) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn after_tool_batch<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a [ToolCallResult<'a>],
-    ) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn before_stop<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a Message,
-        _: u32,
-    ) -> Hook<'a, Option<String>> {
-        Hook::skip()
-    }
-    fn before_compaction<'a>(&'a self, _: &'a RunContext, _: &'a History) -> Hook<'a, bool> {
-        Hook::skip()
-    }
-    fn after_compaction<'a>(&'a self, _: &'a RunContext, _: &'a Compaction) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn before_model_switch<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a str,
-        _: &'a str,
-    ) -> Hook<'a, bool> {
-        Hook::skip()
-    }
-    fn decide_approval<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a ToolCall,
-    ) -> Hook<'a, Option<ApprovalDecision>> {
-        Hook::skip()
-    }
-    fn on_notification<'a>(&'a self, _: &'a RunContext, _: &'a Notification) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn on_error<'a>(&'a self, _: &'a RunContext, _: &'a AgentError) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn after_agent<'a>(&'a self, _: &'a RunContext, _: RunOutcome<'a>) -> Hook<'a, ()> {
-        Hook::skip()
-    }
 }
 
 /// Overrides every hook but the wrap and delta hooks: what the first
 /// middleware costs without a wrap chain.
 struct LifecycleOnly;
 
-#[allow(unused_variables)]
 impl Middleware for LifecycleOnly {
     fn name(&self) -> &str {
         "lifecycle-only"
     }
-    fn before_agent<'a>(&'a self, _: &'a RunContext, _: RunStart) -> Hook<'a, Option<String>> {
-        Hook::skip()
-    }
-    fn before_run<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a mut Message,
-        _: &'a History,
-    ) -> Hook<'a, Option<String>> {
-        Hook::skip()
-    }
-    fn before_model<'a>(&'a self, _: &'a RunContext, _: &'a mut History) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn after_model<'a>(&'a self, _: &'a RunContext, _: &'a mut ModelResponse) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn before_tool<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a ToolCall,
-        _: bool,
-    ) -> Hook<'a, ToolVerdict> {
-        Hook::skip()
-    }
-    fn after_tool<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a ToolCall,
-        _: &'a mut ToolOutput,
-    ) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn after_tool_batch<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a [ToolCallResult<'a>],
-    ) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn before_stop<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a Message,
-        _: u32,
-    ) -> Hook<'a, Option<String>> {
-        Hook::skip()
-    }
-    fn before_compaction<'a>(&'a self, _: &'a RunContext, _: &'a History) -> Hook<'a, bool> {
-        Hook::skip()
-    }
-    fn after_compaction<'a>(&'a self, _: &'a RunContext, _: &'a Compaction) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn before_model_switch<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a str,
-        _: &'a str,
-    ) -> Hook<'a, bool> {
-        Hook::skip()
-    }
-    fn decide_approval<'a>(
-        &'a self,
-        _: &'a RunContext,
-        _: &'a ToolCall,
-    ) -> Hook<'a, Option<ApprovalDecision>> {
-        Hook::skip()
-    }
-    fn on_notification<'a>(&'a self, _: &'a RunContext, _: &'a Notification) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn on_error<'a>(&'a self, _: &'a RunContext, _: &'a AgentError) -> Hook<'a, ()> {
-        Hook::skip()
-    }
-    fn after_agent<'a>(&'a self, _: &'a RunContext, _: RunOutcome<'a>) -> Hook<'a, ()> {
-        Hook::skip()
-    }
+    skipping_lifecycle_hooks!();
 }
 
 /// Overrides nothing.
