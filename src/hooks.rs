@@ -350,6 +350,11 @@ pub(crate) trait HookPort: Send + Sync + 'static {
         output: &'a mut ToolOutput,
     ) -> HookFuture<'a, ()>;
 
+    /// Whether a hook may read a step's results in
+    /// [`after_tool_batch`](Self::after_tool_batch): without one, the loop
+    /// keeps no list of them and hands it an empty one.
+    fn reads_tool_batch(&self) -> bool;
+
     /// Every call of a step has its result.
     fn after_tool_batch<'a>(
         &'a self,

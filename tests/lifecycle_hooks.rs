@@ -279,6 +279,55 @@ async fn after_tool_batch_adds_context_or_stops_the_run_attributed() {
     assert_eq!(model.requests().len(), 1);
 }
 
+/// `after_tool_batch` reads every result wherever its middleware sits: in a
+/// stack whose other middleware never read a step (and are skipped at it
+/// once the stack learned so), run after run, and as the parent's hook
+/// around a sub-agent whose own stack reads no step.
+#[tokio::test]
+async fn after_tool_batch_reads_every_step_beside_middleware_that_do_not() {
+    let seen = texts();
+    let child = Agent::builder("child")
+        .model(tool_then_text("child done"))
+        .tools(lookup_tools())
+        .middleware(MiddlewareStack::new().before_model("noop", |_, _| Ok(())))
+        .build()
+        .unwrap();
+    let parent = Agent::builder("parent")
+        .model(ScriptedModel::from_fn(|request| {
+            if request.messages.iter().any(|m| m.role == Role::Tool) {
+                ScriptedTurn::text("parent done")
+            } else {
+                ScriptedTurn::tool_call("child", r#"{"input": "go"}"#)
+            }
+        }))
+        .tools(ToolRouter::new().tool(tower_agent::AgentTool::new("child", "A child", child)))
+        .build()
+        .unwrap();
+    let stack = MiddlewareStack::new()
+        .before_model("first", |_, _| Ok(()))
+        .push(Batch {
+            stop: false,
+            seen: seen.clone(),
+        })
+        .before_model("last", |_, _| Ok(()));
+    let layer = tower_agent::lifecycle::LifecycleLayer::new(stack);
+    let service = tower::Layer::layer(&layer, parent);
+    for round in 1..=2 {
+        let run = tower::ServiceExt::oneshot(service.clone(), RunRequest::new("q"))
+            .await
+            .unwrap();
+        assert_eq!(run.output, "parent done");
+        // The child's step, then the parent's: the stack's hooks also see
+        // the steps of nested runs.
+        let expected: Vec<&str> = ["found 7", "child done"]
+            .into_iter()
+            .cycle()
+            .take(2 * round)
+            .collect();
+        assert_eq!(*seen.lock().unwrap(), expected, "round {round}");
+    }
+}
+
 struct KeepGoing {
     asked: Arc<Mutex<Vec<u32>>>,
 }

@@ -424,6 +424,14 @@ impl HookPort for InstalledHooks {
         }
     }
 
+    fn reads_tool_batch(&self) -> bool {
+        self.stack.has(HookPoint::AfterToolBatch)
+            || self
+                .outer
+                .as_ref()
+                .is_some_and(|outer| outer.reads_tool_batch())
+    }
+
     fn after_tool_batch<'a>(
         &'a self,
         ctx: &'a RunContext,

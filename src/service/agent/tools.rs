@@ -168,7 +168,7 @@ impl Run {
         resumed: bool,
         mut completed: Vec<(usize, Message)>,
     ) -> Result<Step, AgentError> {
-        let keep_results = self.hooks.is_some();
+        let keep_results = self.hooks.as_ref().is_some_and(|h| h.reads_tool_batch());
         if completed.capacity() == 0 {
             // Room for this step's results, not the four a first push makes.
             completed.reserve_exact(source.len());
