@@ -3,12 +3,15 @@
 //! deadline, an error, a panic, `max_turns`, a stop, a pause, a failing
 //! hook, a sibling call's tripwire, the run's future dropped.
 
+mod lifecycle_support;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures::FutureExt;
+use lifecycle_support::HandOn;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use tower::{Layer, ServiceExt};
@@ -495,23 +498,6 @@ impl Middleware for BeforeAndAfter {
         _output: &'a mut ToolOutput,
     ) -> Hook<'a, ()> {
         Hook::ok(())
-    }
-}
-
-/// Hands every tool call on with `Wrapped::next`.
-struct HandOn;
-
-impl Middleware for HandOn {
-    fn name(&self) -> &str {
-        "hand-on"
-    }
-
-    fn wrap_tool<'a>(
-        &'a self,
-        invocation: ToolInvocation,
-        next: ToolNext,
-    ) -> Wrapped<'a, ToolInvocation> {
-        Wrapped::next(invocation, next)
     }
 }
 

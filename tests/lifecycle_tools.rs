@@ -5,13 +5,13 @@ mod lifecycle_support;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
-use lifecycle_support::{lookup_tools, observed, run_with, Lookup};
+use lifecycle_support::{lookup_tools, observed, run_with, HandOn, Lookup};
 use serde_json::{json, Value};
 use tower_agent::event::AgentEvent;
 use tower_agent::hooks::{ToolDecision, ToolVerdict};
 use tower_agent::lifecycle::{
     decision_rank, merge_verdicts, Hook, Middleware, MiddlewareStack, Runtime, ToolMiddleware,
-    ToolNext, Wrapped,
+    ToolNext,
 };
 use tower_agent::types::{ApprovalDecision, Role, ToolCall};
 use tower_agent::{
@@ -604,23 +604,6 @@ async fn a_wrap_tool_error_fails_the_run_but_a_tool_error_is_read_by_the_model()
         if middleware == "tool-guard" && hook == "wrap_tool"),
         "{err:?}"
     );
-}
-
-/// Hands every tool call on as it came, without a future of its own.
-struct HandOn;
-
-impl Middleware for HandOn {
-    fn name(&self) -> &str {
-        "hand-on"
-    }
-
-    fn wrap_tool<'a>(
-        &'a self,
-        invocation: ToolInvocation,
-        next: ToolNext,
-    ) -> Wrapped<'a, ToolInvocation> {
-        Wrapped::next(invocation, next)
-    }
 }
 
 /// Calls the tool twice, through two clones of its `next`, and answers

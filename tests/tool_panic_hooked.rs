@@ -5,8 +5,11 @@
 //! default it reads that the tool failed; the message goes to the
 //! `ToolCallCompleted` event; `show_tool_panics` lets the model read it.
 
+mod lifecycle_support;
+
 use std::sync::{Arc, Mutex};
 
+use lifecycle_support::HandOn;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use tower::limit::ConcurrencyLimitLayer;
@@ -105,23 +108,6 @@ impl Middleware for BeforeTool {
         _resumed: bool,
     ) -> Hook<'a, ToolVerdict> {
         Hook::ok(ToolVerdict::proceed())
-    }
-}
-
-/// Hands every call on with `Wrapped::next`.
-struct HandOn;
-
-impl Middleware for HandOn {
-    fn name(&self) -> &str {
-        "hand-on"
-    }
-
-    fn wrap_tool<'a>(
-        &'a self,
-        invocation: ToolInvocation,
-        next: ToolNext,
-    ) -> Wrapped<'a, ToolInvocation> {
-        Wrapped::next(invocation, next)
     }
 }
 

@@ -13,7 +13,7 @@ use tower_agent::hooks::{
 };
 use tower_agent::lifecycle::{
     Hook, HookPoint, LifecycleLayer, Middleware, MiddlewareStack, ModelMiddleware, ModelNext,
-    ToolMiddleware, ToolNext,
+    ToolMiddleware, ToolNext, Wrapped,
 };
 use tower_agent::types::{ApprovalDecision, History, Message, ModelDelta, ModelResponse, ToolCall};
 use tower_agent::{
@@ -282,6 +282,24 @@ impl ToolMiddleware for Recorder {
             self.log.push(format!("{}:wrap_tool:end", self.name));
             output
         })
+    }
+}
+
+/// Hands every tool call on as it came, with `Wrapped::next`: a wrap hook
+/// with no future of its own.
+pub struct HandOn;
+
+impl Middleware for HandOn {
+    fn name(&self) -> &str {
+        "hand-on"
+    }
+
+    fn wrap_tool<'a>(
+        &'a self,
+        invocation: ToolInvocation,
+        next: ToolNext,
+    ) -> Wrapped<'a, ToolInvocation> {
+        Wrapped::next(invocation, next)
     }
 }
 
