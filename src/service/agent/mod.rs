@@ -5,6 +5,7 @@ pub mod definition;
 mod ext;
 pub mod handle;
 pub mod handoff;
+mod hooked_tool;
 mod hooked_turn;
 mod inbox;
 mod limits;

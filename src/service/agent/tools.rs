@@ -1,14 +1,11 @@
 //! One step's tool calls: verdicts, approvals, dispatch, results in order.
 
 use std::borrow::Cow;
-use std::panic::AssertUnwindSafe;
 
 use futures::future::{try_join_all, BoxFuture};
-use futures::FutureExt;
-use tracing::Instrument;
 
 use super::bare_tool::BareToolCall;
-use super::hooked_turn::HookedToolCall;
+use super::hooked_tool::HookedToolCall;
 use super::limits::ToolLimits;
 use super::observe::ToolCallObserver;
 use super::state::{classify, Run};
@@ -17,7 +14,7 @@ use crate::context::Guard;
 use crate::error::{attribute_tripwire, AgentError, ToolPanicked};
 use crate::event::AgentEvent;
 use crate::hooks::{Notification, StickyApprovals, ToolCallResult, ToolDecision, ToolVerdict};
-use crate::request::{tool_failure, ToolInvocation, ToolOutput};
+use crate::request::{tool_failure, ToolOutput};
 use crate::types::{
     arguments_hash, ApprovalDecision, Checkpoint, History, Message, MessageContent, PendingCall,
     StickyApproval, ToolCall,
@@ -400,27 +397,13 @@ impl Run {
                 .router
                 .as_ref()
                 .is_none_or(|router| router.tool_may_stream(&call.name));
+        let tools = (&self.config.tools, self.config.router.as_ref());
         let result = match &self.hooks {
-            // The invocation and the call's future are made inside the
-            // race's argument: the run's future keeps the race alone, not a
-            // second copy of them for locals.
+            // Through the hooks that wrap the call: built, walked and called
+            // at its first poll, in one future.
             Some(hooks) if !hooks.bare_tool_call(streams) => {
-                ctx.race({
-                    let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
-                    invocation.approved = approved;
-                    invocation.idempotent = flags.idempotent;
-                    let fut = HookedToolCall::new(
-                        &**hooks,
-                        ctx,
-                        call,
-                        invocation,
-                        &self.config.tools,
-                        self.config.router.as_ref(),
-                        streams,
-                    );
-                    AssertUnwindSafe(fut.instrument(span.clone())).catch_unwind()
-                })
-                .await
+                let flags = (approved, flags.idempotent, streams);
+                HookedToolCall::new(&**hooks, Guard::new(ctx), call, flags, tools, span).await
             }
             // Without hooks around the call (none, or only `before_tool`
             // and `after_tool`), it goes straight to the tool stack, or to
@@ -431,8 +414,8 @@ impl Run {
                     Guard::new(ctx),
                     call,
                     (approved, flags.idempotent),
-                    self.config.router.as_ref(),
-                    &self.config.tools,
+                    tools.1,
+                    tools.0,
                     span,
                 )
                 .await
