@@ -271,10 +271,16 @@ pub(crate) trait HookPort: Send + Sync + 'static {
     fn walk_model(&self, call: ModelCall, next: BoxModel, ctx: &RunContext) -> ModelWalk<'_>;
 
     /// Whether a model call (one that `streams`, or not) has nothing of the
-    /// hooks around it: no wrap hook, no delta hook for its stream, no
-    /// `after_model`, and its stream is not held. The loop then calls the
-    /// model as a run without hooks does, appending its answer in place.
+    /// hooks around it: no wrap hook, no delta hook for its stream, and its
+    /// stream is not held. The loop then calls the model as a run without
+    /// hooks does; only [`after_model`](Self::after_model), when a hook may
+    /// read the answer, comes between the answer and the conversation.
     fn bare_model_call(&self, streams: bool) -> bool;
+
+    /// Whether a hook may read or change a model's answer in
+    /// [`after_model`](Self::after_model): without one, the loop appends
+    /// the answer as it comes.
+    fn reads_model_answer(&self) -> bool;
 
     /// Whether a tool call (to a tool stack that `streams` its progress,
     /// or not) has nothing of the hooks around it: no wrap hook, no delta

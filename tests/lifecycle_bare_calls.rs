@@ -1,8 +1,9 @@
 //! Model and tool calls with nothing of the hooks around them (a closure
-//! middleware's, or a middleware that overrides neither a wrap hook nor
-//! `after_model`) are made as a run without hooks makes them: the hooks
-//! before and after them still run every time, verdicts still hold, a
-//! tool's panic is still its error result, and events still balance.
+//! middleware's, or a middleware that overrides no wrap hook) are made as a
+//! run without hooks makes them: the hooks before and after them still run
+//! every time, `after_model` reads and changes the answer before it joins
+//! the conversation, verdicts still hold, a tool's panic is still its error
+//! result, and events still balance.
 
 mod lifecycle_support;
 
@@ -188,4 +189,90 @@ async fn a_tool_panic_without_a_frame_is_the_models_error_result() {
     assert!(result.contains("failed"), "{result}");
     assert!(!result.contains("index out of range"), "{result}");
     assert_eq!(calls_balance(&events), (3, 3));
+}
+
+/// The events of the model calls and of the `after_model` hooks, by name.
+fn model_call_events(events: &[AgentEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|event| match event {
+            AgentEvent::ModelCallStarted { .. } => Some("started".to_owned()),
+            AgentEvent::ModelCallCompleted { error, .. } => {
+                Some(format!("completed {}", error.unwrap_or("ok")))
+            }
+            AgentEvent::MiddlewareCompleted { hook, outcome, .. } if *hook == "after_model" => {
+                Some(format!("after_model {outcome}"))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn after_model_reads_and_changes_each_answer_before_it_joins_the_conversation() {
+    let stack = MiddlewareStack::new().after_model("sign", |_ctx, response| {
+        if response.message.tool_calls.is_empty() {
+            let text = format!("{} (checked)", response.message.text());
+            response.message = tower_agent::types::Message::assistant(text);
+        }
+        Ok::<_, BoxError>(())
+    });
+    let model = three_turns();
+    for _ in 0..2 {
+        let (done, events) = observed_run(&model, lookup_tools(), &stack).await;
+        assert_eq!(done.output, "done (checked)");
+        assert_eq!(
+            done.messages.last().map(|m| m.text().into_owned()),
+            Some("done (checked)".to_owned())
+        );
+        assert_eq!(done.usage, done.usage_total);
+        // The hook runs inside each call's bracket, before it completes.
+        let turn = ["started", "after_model ok", "completed ok"];
+        assert_eq!(model_call_events(&events), turn.repeat(3));
+        assert_eq!(calls_balance(&events), (3, 3));
+    }
+}
+
+#[tokio::test]
+async fn an_after_model_that_fails_fails_the_call_and_the_run() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counted = seen.clone();
+    let stack = MiddlewareStack::new().after_model("reject", move |_ctx, _response| {
+        if counted.fetch_add(1, Ordering::Relaxed) == 1 {
+            return Err::<(), BoxError>("the answer leaks a secret".into());
+        }
+        Ok(())
+    });
+    let (ctx, sink) = observed();
+    let err = run_with(
+        agent(three_turns(), lookup_tools()),
+        stack,
+        RunRequest::new("go").context(ctx),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), "MIDDLEWARE_FAILED");
+    assert!(
+        err.to_string().contains("the answer leaks a secret"),
+        "{err}"
+    );
+    let events = sink.events();
+    assert_eq!(
+        model_call_events(&events),
+        [
+            "started",
+            "after_model ok",
+            "completed ok",
+            "started",
+            "after_model error",
+            "completed MIDDLEWARE_FAILED"
+        ]
+    );
+    // The rejected answer never joined the conversation: the second turn's
+    // tool calls were not made.
+    let tools_started = events
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::ToolCallStarted { .. }))
+        .count();
+    assert_eq!(tools_started, 2);
 }

@@ -238,7 +238,6 @@ impl HookPort for InstalledHooks {
         let held = streams && self.holds_stream;
         !held
             && !self.stack.wraps_model(streams)
-            && !self.stack.has(HookPoint::AfterModel)
             && self
                 .outer
                 .as_ref()
@@ -251,6 +250,14 @@ impl HookPort for InstalledHooks {
                 .outer
                 .as_ref()
                 .is_none_or(|outer| outer.bare_tool_call(streams))
+    }
+
+    fn reads_model_answer(&self) -> bool {
+        self.stack.has(HookPoint::AfterModel)
+            || self
+                .outer
+                .as_ref()
+                .is_some_and(|outer| outer.reads_model_answer())
     }
 
     fn model_answer(

@@ -21,7 +21,8 @@ use crate::error::AgentError;
 use crate::hooks::{installed, HookPort, RunOutcome, RunStart, StickyApprovals};
 use crate::request::{BoxModel, DeltaSink, ModelCall, ModelCallParts, RunInput, RunRequest};
 use crate::types::{
-    AgentRun, Checkpoint, History, Message, ModelDelta, ModelRequest, Role, RunStatus, StopReason,
+    AgentRun, Checkpoint, History, Message, ModelDelta, ModelRequest, ModelResponse, Role,
+    RunStatus, StopReason,
 };
 
 /// The run of `request`, bracketed by its observer and, when no lifecycle
@@ -404,9 +405,38 @@ impl Run {
                 }
             }
 
-            let answered = self.model_turn(turn).await;
+            let answered: Answered = 'turn: {
+                if !self.reads_answer() {
+                    break 'turn self.model_turn(turn).await;
+                }
+                // The call as a bare turn's, its answer read by `after_model`
+                // before it joins the conversation: nothing boxed but the
+                // answer while the hook reads it. Built here, from the run's
+                // fields, so that the observer outlives the borrow of the
+                // conversation.
+                let config = &*self.config;
+                let model = self.model.get_or_insert_with(|| config.model.clone());
+                let parts = (&self.stream, &self.extensions);
+                let bare = BareTurn::new(config, &self.ctx, &mut self.messages, model, parts, turn);
+                let (mut answer, observer) = match bare.answer().await {
+                    Ok(answered) => answered,
+                    Err(err) => break 'turn Err(err),
+                };
+                let hooks = self.hooks.as_deref().expect("an answer is read by hooks");
+                let read = hooks.after_model(&self.ctx, &mut answer).await;
+                if let Err(err) = read.map_err(classify) {
+                    observer.failed(&err);
+                    break 'turn Err(Box::new(err));
+                }
+                let turn = observer.turn();
+                observer.completed(&answer);
+                Ok(append_answer(&mut self.messages, turn, answer.message))
+            };
             self.counters.model_calls += 1;
             let has_calls = answered.map_err(|err| *err)?;
+            // Read again rather than kept across the turn: a run waiting on
+            // its model holds no more than the turn.
+            let (turn, max_turns) = (self.counters.turns, self.config.max_turns);
 
             if !has_calls {
                 let last = self.messages.last().expect("just pushed");
@@ -482,7 +512,7 @@ impl Run {
     /// call goes to the run's own clone of the model stack (made once per
     /// run), in a [`BareTurn`]; otherwise through the hooks, in a future of
     /// its own on the heap.
-    fn model_turn(&mut self, turn: u32) -> Either<BareTurn<'_>, BoxFuture<'_, Answered>> {
+    fn model_turn(&mut self, turn: u32) -> Either<BareTurn<'_, '_>, BoxFuture<'_, Answered>> {
         if let Some(hooks) = &self.hooks {
             // Nothing of the hooks around this call (a stack whose
             // middleware only see the turn before it): the bare turn.
@@ -490,18 +520,28 @@ impl Run {
                 return Either::Right(Box::pin(self.hooked_turn(turn)));
             }
         }
+        Either::Left(self.bare_turn(turn))
+    }
+
+    /// The current turn's call, as a run without hooks makes it.
+    fn bare_turn(&mut self, turn: u32) -> BareTurn<'_, '_> {
         let config = &*self.config;
-        let ctx = &self.ctx;
-        let observer = ModelCallObserver::open(ctx, &config.name, &config.model_name, turn);
-        Either::Left(BareTurn {
-            guard: Guard::new(ctx),
-            model: self.model.get_or_insert_with(|| config.model.clone()),
+        let model = self.model.get_or_insert_with(|| config.model.clone());
+        BareTurn::new(
             config,
-            messages: &mut self.messages,
-            stream: &self.stream,
-            extensions: &self.extensions,
-            observer: Some(observer),
-            called: None,
+            &self.ctx,
+            &mut self.messages,
+            model,
+            (&self.stream, &self.extensions),
+            turn,
+        )
+    }
+
+    /// Whether the next model call has nothing of the hooks around it but an
+    /// `after_model` that reads its answer.
+    fn reads_answer(&self) -> bool {
+        self.hooks.as_ref().is_some_and(|hooks| {
+            hooks.reads_model_answer() && hooks.bare_model_call(self.stream.is_some())
         })
     }
 
@@ -596,12 +636,14 @@ fn append_answer(messages: &mut History, turn: u32, mut message: Message) -> boo
 /// cancellation and deadline, and appends it to the conversation, all in
 /// its own `poll`. So a run waiting on its model holds the stack's future,
 /// the observer and a few references; neither the request nor what the
-/// answer becomes.
-pub(super) struct BareTurn<'a> {
+/// answer becomes. The conversation and the model stack are borrowed for
+/// `'m` alone, so that the observer [`answer`](Self::answer) hands back
+/// may outlive that borrow.
+pub(super) struct BareTurn<'a, 'm> {
     guard: Guard<'a>,
-    model: &'a mut BoxModel,
+    model: &'m mut BoxModel,
     config: &'a Config,
-    messages: &'a mut History,
+    messages: &'m mut History,
     stream: &'a Option<DeltaSink>,
     extensions: &'a http::Extensions,
     /// Taken when the turn ends; it knows the turn.
@@ -609,19 +651,56 @@ pub(super) struct BareTurn<'a> {
     called: Option<<BoxModel as Service<ModelCall>>::Future>,
 }
 
-impl Future for BareTurn<'_> {
-    type Output = Answered;
+impl<'a, 'm> BareTurn<'a, 'm> {
+    /// Turn `turn` of the conversation `messages`, to `model`; the call
+    /// carries the run's stream sink and extensions (`parts`).
+    fn new(
+        config: &'a Config,
+        ctx: &'a RunContext,
+        messages: &'m mut History,
+        model: &'m mut BoxModel,
+        parts: (&'a Option<DeltaSink>, &'a http::Extensions),
+        turn: u32,
+    ) -> Self {
+        let observer = ModelCallObserver::open(ctx, &config.name, &config.model_name, turn);
+        Self {
+            guard: Guard::new(ctx),
+            model,
+            config,
+            messages,
+            stream: parts.0,
+            extensions: parts.1,
+            observer: Some(observer),
+            called: None,
+        }
+    }
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answered> {
-        let this = &mut *self;
-        let observer = this
+    /// The turn's answer, its usage recorded and the span told, with the
+    /// call's observer still open, instead of appended: for a hook to read
+    /// first.
+    fn answer(self) -> TurnAnswer<'a, 'm> {
+        TurnAnswer(self)
+    }
+
+    /// Polls the model for its answer: its usage recorded, its span told,
+    /// a failure told to the observer; then `finish` takes the answer, the
+    /// call's observer and the conversation.
+    // Inlined into each poll, with its `finish`: the answer is moved once,
+    // not out through a return.
+    #[inline(always)]
+    fn poll_with<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        finish: impl FnOnce(ModelResponse, ModelCallObserver<'a>, &mut History) -> R,
+    ) -> Poll<Result<R, Box<AgentError>>> {
+        let observer = self
             .observer
             .as_ref()
             .expect("BareTurn polled after it completed");
-        let (model, called) = (&mut *this.model, &mut this.called);
-        let (config, ctx, messages) = (this.config, this.guard.ctx(), &*this.messages);
-        let (stream, extensions) = (this.stream, this.extensions);
-        let answer = ready!(this.guard.poll(cx, |cx| {
+        let (model, called) = (&mut *self.model, &mut self.called);
+        let (config, ctx, messages) = (self.config, self.guard.ctx(), &*self.messages);
+        let (stream, extensions) = (self.stream, self.extensions);
+        let answer = ready!(self.guard.poll(cx, |cx| {
             let _entered = observer.span().enter();
             if called.is_none() {
                 if let Err(err) = ready!(model.poll_ready(cx)) {
@@ -633,11 +712,10 @@ impl Future for BareTurn<'_> {
             let called = called.as_mut().expect("called just above");
             called.as_mut().poll(cx)
         }));
-        // The call's future holds the conversation: gone, the answer is
-        // appended in place.
-        this.called = None;
-        let observer = this.observer.take().expect("checked above");
-        let turn = observer.turn();
+        // The call's future holds the conversation: gone, the answer may
+        // be appended in place.
+        self.called = None;
+        let observer = self.observer.take().expect("checked above");
         let mut response = match answer {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => {
@@ -655,13 +733,36 @@ impl Future for BareTurn<'_> {
             response.usage_recorded = true;
         }
         observer.record(&response);
-        observer.completed(&response);
-        Poll::Ready(Ok(append_answer(this.messages, turn, response.message)))
+        Poll::Ready(Ok(finish(response, observer, self.messages)))
     }
 }
 
-/// The request of one model call: the conversation so far (shared, not
-/// copied) and the agent's tools and settings.
+impl Future for BareTurn<'_, '_> {
+    type Output = Answered;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answered> {
+        self.poll_with(cx, |response, observer, messages| {
+            let turn = observer.turn();
+            observer.completed(&response);
+            append_answer(messages, turn, response.message)
+        })
+    }
+}
+
+/// [`BareTurn::answer`]: the turn's answer, not appended.
+pub(super) struct TurnAnswer<'a, 'm>(BareTurn<'a, 'm>);
+
+impl<'a> Future for TurnAnswer<'a, '_> {
+    /// The answer, boxed for the hook to read while the run waits on it,
+    /// and the call's open observer.
+    type Output = Result<(Box<ModelResponse>, ModelCallObserver<'a>), Box<AgentError>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0
+            .poll_with(cx, |response, observer, _| (Box::new(response), observer))
+    }
+}
+
 fn model_call(
     config: &Config,
     ctx: &RunContext,
