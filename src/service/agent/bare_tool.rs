@@ -83,28 +83,35 @@ impl Future for BareToolCall<'_> {
             this.router,
             this.tools,
         );
-        let (span, state) = (this.span, &mut this.state);
-        this.guard.poll(cx, |cx| {
-            let _entered = span.enter();
-            match catch_unwind(AssertUnwindSafe(|| {
-                poll_tool(
-                    state,
-                    cx,
-                    || {
-                        let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
-                        (invocation.approved, invocation.idempotent) = flags;
-                        invocation
-                    },
-                    router,
-                    tools,
-                )
-            })) {
-                Ok(Poll::Pending) => Poll::Pending,
-                Ok(Poll::Ready(answer)) => Poll::Ready(Ok(answer)),
-                Err(panic) => Poll::Ready(Err(panic)),
-            }
+        let state = &mut this.state;
+        poll_caught(&mut this.guard, this.span, cx, |cx| {
+            let make = || {
+                let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
+                (invocation.approved, invocation.idempotent) = flags;
+                invocation
+            };
+            poll_tool(state, cx, make, router, tools)
         })
     }
+}
+
+/// What a tool call's future comes to: `work` polled inside the call's
+/// `span`, raced against the run's cancellation and deadline by `guard`,
+/// its panic caught.
+pub(super) fn poll_caught(
+    guard: &mut Guard<'_>,
+    span: &Span,
+    cx: &mut Context<'_>,
+    work: impl FnOnce(&mut Context<'_>) -> Poll<Result<ToolOutput, BoxError>>,
+) -> Poll<Result<Caught, AgentError>> {
+    guard.poll(cx, |cx| {
+        let _entered = span.enter();
+        match catch_unwind(AssertUnwindSafe(|| work(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(answer)) => Poll::Ready(Ok(answer)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    })
 }
 
 /// Picks the tool (an answer of the router's own when it refuses the

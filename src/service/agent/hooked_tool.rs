@@ -14,7 +14,7 @@ use std::task::{ready, Context, Poll};
 use tower::Service;
 use tracing::Span;
 
-use super::bare_tool::Caught;
+use super::bare_tool::{poll_caught, Caught};
 use crate::context::{Guard, RunContext};
 use crate::error::{AgentError, BoxError};
 use crate::hooks::{CallAbort, HookFuture, HookPort, ToolAnswer, ToolFinish, ToolWalk};
@@ -116,15 +116,8 @@ impl Future for HookedToolCall<'_> {
             tools: this.tools,
             router: this.router,
         };
-        let (span, state) = (this.span, &mut this.state);
-        this.guard.poll(cx, |cx| {
-            let _entered = span.enter();
-            match catch_unwind(AssertUnwindSafe(|| call.poll(state, cx))) {
-                Ok(Poll::Pending) => Poll::Pending,
-                Ok(Poll::Ready(answer)) => Poll::Ready(Ok(answer)),
-                Err(panic) => Poll::Ready(Err(panic)),
-            }
-        })
+        let state = &mut this.state;
+        poll_caught(&mut this.guard, this.span, cx, |cx| call.poll(state, cx))
     }
 }
 
