@@ -434,9 +434,6 @@ impl Run {
             };
             self.counters.model_calls += 1;
             let has_calls = answered.map_err(|err| *err)?;
-            // Read again rather than kept across the turn: a run waiting on
-            // its model holds no more than the turn.
-            let (turn, max_turns) = (self.counters.turns, self.config.max_turns);
 
             if !has_calls {
                 let last = self.messages.last().expect("just pushed");
