@@ -10,7 +10,7 @@ use std::task::{ready, Context, Poll};
 use tower::Service;
 use tracing::Span;
 
-use crate::context::Guard;
+use crate::context::{Guard, RunContext};
 use crate::error::{AgentError, BoxError};
 use crate::request::{BoxTool, ToolInvocation, ToolOutput};
 use crate::service::ToolRouter;
@@ -37,7 +37,8 @@ pub(super) struct BareToolCall<'a> {
     state: Calling,
 }
 
-enum Calling {
+/// The call of a tool: not made yet, waiting for the tool, or made.
+pub(super) enum Calling {
     /// Not polled yet.
     Start,
     /// The tool, not ready yet when first asked, with the invocation it
@@ -85,12 +86,9 @@ impl Future for BareToolCall<'_> {
         );
         let state = &mut this.state;
         poll_caught(&mut this.guard, this.span, cx, |cx| {
-            let make = || {
-                let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
-                (invocation.approved, invocation.idempotent) = flags;
-                invocation
-            };
-            poll_tool(state, cx, make, router, tools)
+            let make = || invocation(call, ctx, flags);
+            // A tool that fails to get ready answers with its failure.
+            poll_tool(state, cx, make, router, || tools.clone()).map(|answer| answer?)
         })
     }
 }
@@ -114,24 +112,37 @@ pub(super) fn poll_caught(
     })
 }
 
+/// The invocation of `call` in the run of `ctx`, with whether it was
+/// approved and whether the tool is idempotent (`flags`).
+pub(super) fn invocation(
+    call: &ToolCall,
+    ctx: &RunContext,
+    (approved, idempotent): (bool, bool),
+) -> ToolInvocation {
+    let mut invocation = ToolInvocation::new(call.clone(), ctx.clone());
+    (invocation.approved, invocation.idempotent) = (approved, idempotent);
+    invocation
+}
+
 /// Picks the tool (an answer of the router's own when it refuses the
-/// call), drives it to readiness, calls it with the invocation `make`
-/// builds, and polls its future.
-fn poll_tool(
+/// call; `tool` when there is no router), drives it to readiness, calls it
+/// with the invocation `make` builds, and polls its future. The outer
+/// `Err`: the tool failed to get ready.
+pub(super) fn poll_tool(
     state: &mut Calling,
     cx: &mut Context<'_>,
     make: impl FnOnce() -> ToolInvocation,
     router: Option<&ToolRouter>,
-    tools: &BoxTool,
-) -> Poll<Result<ToolOutput, BoxError>> {
+    tool: impl FnOnce() -> BoxTool,
+) -> Poll<Result<Result<ToolOutput, BoxError>, BoxError>> {
     if let Calling::Start = state {
         let invocation = make();
         let mut tool = match router {
             Some(router) => match router.check(&invocation) {
                 Ok(tool) => tool,
-                Err(refused) => return Poll::Ready(Ok(refused)),
+                Err(refused) => return Poll::Ready(Ok(Ok(refused))),
             },
-            None => tools.clone(),
+            None => tool(),
         };
         match tool.poll_ready(cx) {
             Poll::Ready(Ok(())) => *state = Calling::Called(tool.call(invocation)),
@@ -148,7 +159,7 @@ fn poll_tool(
         *state = Calling::Called(tool.call(*invocation));
     }
     match state {
-        Calling::Called(fut) => fut.as_mut().poll(cx),
+        Calling::Called(fut) => fut.as_mut().poll(cx).map(Ok),
         Calling::Start | Calling::Waiting(..) => unreachable!("called above"),
     }
 }

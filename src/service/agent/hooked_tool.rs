@@ -9,12 +9,11 @@ use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
-use tower::Service;
 use tracing::Span;
 
-use super::bare_tool::{poll_caught, Caught};
+use super::bare_tool::{invocation, poll_caught, poll_tool, Calling, Caught};
 use crate::context::{Guard, RunContext};
 use crate::error::{AgentError, BoxError};
 use crate::hooks::{CallAbort, HookFuture, HookPort, ToolAnswer, ToolFinish, ToolWalk};
@@ -57,22 +56,6 @@ enum ToolState<'a> {
     /// A wrap hook answers with a future of its own.
     Hooked(HookFuture<'a, ToolOutput>),
     Done,
-}
-
-/// The call of the tool below the wrap hooks.
-enum Calling {
-    /// Not called yet: the walk just handed the call on.
-    Start,
-    /// The tool, not ready yet when first asked, with the invocation it
-    /// gets once it is (rare: on the heap); `routed` when the router picked
-    /// it.
-    Waiting {
-        tool: BoxTool,
-        invocation: Option<Box<ToolInvocation>>,
-        routed: bool,
-    },
-    /// The tool's future.
-    Called(<BoxTool as Service<ToolInvocation>>::Future),
 }
 
 impl<'a> HookedToolCall<'a> {
@@ -141,8 +124,7 @@ impl<'a> Parts<'a> {
         // What the walk handed on, for the tool's call in this same poll.
         let mut walked = None;
         if let ToolState::Start = state {
-            let mut invocation = ToolInvocation::new(self.call.clone(), self.ctx.clone());
-            (invocation.approved, invocation.idempotent) = self.flags;
+            let invocation = invocation(self.call, self.ctx, self.flags);
             *state = match self
                 .hooks
                 .walk_tool(invocation, self.tools, self.streams, self.ctx)
@@ -209,48 +191,19 @@ impl<'a> Parts<'a> {
         guarded: bool,
         cx: &mut Context<'_>,
     ) -> Poll<ToolAnswer> {
-        let mut walked = walked;
-        let mut poll = |cx: &mut Context<'_>| -> Poll<ToolAnswer> {
-            if let Calling::Start = calling {
-                let (service, invocation) = walked.take().expect("what the walk handed on");
-                let (mut tool, routed) = match self.router {
-                    // What the walk handed on is the router itself, which
-                    // routes from a borrow.
-                    Some(router) => match router.check(&invocation) {
-                        Ok(tool) => (tool, true),
-                        Err(refused) => return Poll::Ready(ToolAnswer::Answered(Ok(Ok(refused)))),
-                    },
-                    None => (service.unwrap_or_else(|| BoxTool::clone(self.tools)), false),
-                };
-                match tool.poll_ready(cx) {
-                    Poll::Ready(Ok(())) => *calling = Calling::Called(tool.call(invocation)),
-                    Poll::Ready(Err(err)) => return Poll::Ready(not_ready(err, routed)),
-                    Poll::Pending => {
-                        *calling = Calling::Waiting {
-                            tool,
-                            invocation: Some(Box::new(invocation)),
-                            routed,
-                        };
-                        return Poll::Pending;
-                    }
-                }
-            }
-            if let Calling::Waiting {
-                tool,
-                invocation,
-                routed,
-            } = calling
-            {
-                if let Err(err) = ready!(tool.poll_ready(cx)) {
-                    return Poll::Ready(not_ready(err, *routed));
-                }
-                let invocation = invocation.take().expect("taken once the tool is ready");
-                *calling = Calling::Called(tool.call(*invocation));
-            }
-            match calling {
-                Calling::Called(fut) => fut.as_mut().poll(cx).map(|a| ToolAnswer::Answered(Ok(a))),
-                Calling::Start | Calling::Waiting { .. } => unreachable!("called above"),
-            }
+        let (mut service, mut invocation) = match walked {
+            Some((service, invocation)) => (service, Some(invocation)),
+            None => (None, None),
+        };
+        let mut poll = |cx: &mut Context<'_>| {
+            // What the walk handed on is the router itself, when it stands
+            // for the tool stack: it routes from a borrow.
+            let make = || invocation.take().expect("what the walk handed on");
+            let tool = || service.take().unwrap_or_else(|| BoxTool::clone(self.tools));
+            poll_tool(calling, cx, make, self.router, tool).map(|answer| match answer {
+                Ok(answer) => ToolAnswer::Answered(Ok(answer)),
+                Err(err) => not_ready(err, self.router.is_some()),
+            })
         };
         if !guarded {
             return poll(cx);
