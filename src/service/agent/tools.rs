@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 
 use futures::future::{try_join_all, BoxFuture};
+use smallvec::SmallVec;
 
 use super::bare_tool::BareToolCall;
 use super::hooked_tool::HookedToolCall;
@@ -81,8 +82,9 @@ struct Collected<'c> {
     pending: Vec<PendingCall>,
     /// What `after_tool_batch` reads, kept only for hooks that read it: each
     /// result's message waits in `completed`, without its content, until
-    /// they did ([`fill_results`]).
-    results: Vec<ToolCallResult<'c>>,
+    /// they did ([`fill_results`]). A step of one call keeps its result
+    /// inline.
+    results: SmallVec<[ToolCallResult<'c>; 1]>,
     keep_results: bool,
 }
 
@@ -122,7 +124,7 @@ fn result_text(limits: &ToolLimits, content: String) -> String {
 /// same order) the content of the kept `results`, moved.
 fn fill_results(
     limits: &ToolLimits,
-    results: Vec<ToolCallResult<'_>>,
+    results: SmallVec<[ToolCallResult<'_>; 1]>,
     completed: &mut [(usize, Message)],
 ) {
     let waiting = completed.len() - results.len();
@@ -170,44 +172,46 @@ impl Run {
             // Room for this step's results, not the four a first push makes.
             completed.reserve_exact(source.len());
         }
-        let mut step = Collected {
-            pending: Vec::new(),
-            // What `after_tool_batch` reads: kept only for hooks that read
-            // it, in room made for this step's calls at once.
-            results: if keep_results {
-                Vec::with_capacity(source.len())
-            } else {
-                Vec::new()
-            },
-            keep_results,
-        };
-        if self.config.parallel_tool_calls && source.len() > 1 {
-            // Boxed: a `Vec` of borrowing `async fn` futures trips rustc's
-            // `Send` inference (rust-lang/rust#102211).
-            let mut futures: Vec<BoxFuture<'_, Result<Outcome<'_>, AgentError>>> =
-                Vec::with_capacity(source.len());
-            for (index, call) in source.iter() {
-                let decision = find_decision(decisions, &call.id);
-                futures.push(self.one_call(index, call, decision, resumed));
-            }
-            for outcome in try_join_all(futures).await? {
-                step.add(self, outcome, &mut completed);
-            }
-        } else {
-            // By position: an iterator over the calls would be kept
-            // across every call's await.
-            for at in 0..source.len() {
-                let (index, call) = source.get(at);
-                let decision = find_decision(decisions, &call.id);
-                let outcome = self
-                    .decide_and_invoke(index, call, decision, resumed)
-                    .await?;
-                step.add(self, outcome, &mut completed);
-            }
-        }
         let Collected {
             pending, results, ..
-        } = step;
+        } = {
+            let mut step = Collected {
+                pending: Vec::new(),
+                // What `after_tool_batch` reads: kept only for hooks that read
+                // it, in room made for this step's calls at once.
+                results: if keep_results {
+                    SmallVec::with_capacity(source.len())
+                } else {
+                    SmallVec::new()
+                },
+                keep_results,
+            };
+            if self.config.parallel_tool_calls && source.len() > 1 {
+                // Boxed: a `Vec` of borrowing `async fn` futures trips rustc's
+                // `Send` inference (rust-lang/rust#102211).
+                let mut futures: Vec<BoxFuture<'_, Result<Outcome<'_>, AgentError>>> =
+                    Vec::with_capacity(source.len());
+                for (index, call) in source.iter() {
+                    let decision = find_decision(decisions, &call.id);
+                    futures.push(self.one_call(index, call, decision, resumed));
+                }
+                for outcome in try_join_all(futures).await? {
+                    step.add(self, outcome, &mut completed);
+                }
+            } else {
+                // By position: an iterator over the calls would be kept
+                // across every call's await.
+                for at in 0..source.len() {
+                    let (index, call) = source.get(at);
+                    let decision = find_decision(decisions, &call.id);
+                    let outcome = self
+                        .decide_and_invoke(index, call, decision, resumed)
+                        .await?;
+                    step.add(self, outcome, &mut completed);
+                }
+            }
+            step
+        };
 
         if !pending.is_empty() {
             fill_results(&self.config.limits, results, &mut completed);

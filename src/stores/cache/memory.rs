@@ -116,7 +116,7 @@ impl Shard {
         // copies its slots; the slots' pages are touched only as they fill.
         let made = capacity.min(PREALLOCATED);
         Self {
-            index: HashTable::with_capacity(made),
+            index: HashTable::with_capacity(2 * made),
             slots: Vec::with_capacity(made),
             free: Vec::new(),
             hand: 0,
