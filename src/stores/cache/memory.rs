@@ -114,6 +114,9 @@ impl Shard {
         // Both made for the whole shard up to a size, so a filling shard
         // neither rehashes its index (each rehash reading every key) nor
         // copies its slots; the slots' pages are touched only as they fill.
+        // The index has twice the room: at a third full or less, the key
+        // an eviction removes mostly leaves an empty bucket, not a
+        // tombstone, and a full shard seldom rehashes its tombstones away.
         let made = capacity.min(PREALLOCATED);
         Self {
             index: HashTable::with_capacity(2 * made),
