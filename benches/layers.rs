@@ -17,7 +17,8 @@
 //! difference in calls, is the instructions per call.
 
 use std::future::Ready;
-use std::time::Duration;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BatchSize, Criterion};
 use tower::util::BoxCloneSyncService;
@@ -293,7 +294,121 @@ fn count_cache_miss(name: &str, runs: usize) {
     });
 }
 
+/// Each case as a batch of `runs` calls, timed: for `BENCH_INTERLEAVE`.
+struct Batches {
+    rt: Rc<tokio::runtime::Runtime>,
+    runs: usize,
+    batches: Vec<(String, Batch)>,
+}
+
+/// One batch of a case: the time of one call in it.
+type Batch = Box<dyn FnMut() -> Duration>;
+
+impl Visit for Batches {
+    fn case<S>(&mut self, name: &str, svc: S)
+    where
+        S: Service<ModelCall, Response = ModelResponse, Error = BoxError> + Clone + 'static,
+        S::Future: 'static,
+    {
+        let (rt, runs, call) = (self.rt.clone(), self.runs, call());
+        let batch = move || {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..runs {
+                    let mut svc = svc.clone();
+                    let call = call.clone();
+                    let response = svc.ready().await.unwrap().call(call).await.unwrap();
+                    std::hint::black_box(response);
+                }
+                start.elapsed() / runs as u32
+            })
+        };
+        self.batches.push((name.to_owned(), Box::new(batch)));
+    }
+}
+
+impl Batches {
+    /// The cache-miss cases: each batch of fresh calls is built before it
+    /// is timed.
+    fn cache_misses(&mut self) {
+        let model = common::noop_model();
+        let fresh = Rc::new(std::cell::Cell::new(0u64));
+        let cases = [
+            (
+                "cache_miss_memory_store",
+                boxed(CacheLayer::new().layer(model.clone())),
+            ),
+            (
+                "cache_miss_memory_store_1k",
+                boxed(
+                    CacheLayer::new()
+                        .store(MemoryStore::new(1_000))
+                        .layer(model.clone()),
+                ),
+            ),
+            ("cache_miss_baseline_bare", boxed(model)),
+        ];
+        for (name, svc) in cases {
+            let (rt, runs, fresh) = (self.rt.clone(), self.runs, fresh.clone());
+            // The calls are made a hundred at a time, as criterion's small
+            // batches are, so that they are still in cache when timed.
+            let batch = move || {
+                let mut took = Duration::ZERO;
+                for _ in 0..runs.div_ceil(100) {
+                    let calls: Vec<ModelCall> = (0..100)
+                        .map(|_| {
+                            fresh.set(fresh.get() + 1);
+                            let text = format!("Where is order A-{}?", fresh.get());
+                            let history = History::from(vec![Message::user(text)]);
+                            history.digest();
+                            let request = ModelRequest::new("bench-model", history);
+                            ModelCall::new(request, RunContext::new())
+                        })
+                        .collect();
+                    took += rt.block_on(async {
+                        let start = Instant::now();
+                        for call in calls {
+                            let mut svc = svc.clone();
+                            let response = svc.ready().await.unwrap().call(call).await.unwrap();
+                            std::hint::black_box(response);
+                        }
+                        start.elapsed()
+                    });
+                }
+                took / (runs.div_ceil(100) * 100) as u32
+            };
+            self.batches.push((name.to_owned(), Box::new(batch)));
+        }
+    }
+}
+
+/// `BENCH_INTERLEAVE`: the cases named, in turn, `BENCH_RUNS` calls a batch
+/// (default 20,000), without criterion (see [`common::interleave`]).
+fn interleaved() -> Option<()> {
+    std::env::var_os("BENCH_INTERLEAVE")?;
+    let runs =
+        std::env::var("BENCH_RUNS").map_or(20_000, |r| r.parse().expect("BENCH_RUNS is a number"));
+    let mut batches = Batches {
+        rt: Rc::new(common::runtime()),
+        runs,
+        batches: Vec::new(),
+    };
+    cases(&mut batches, &common::noop_model());
+    batches.cache_misses();
+    common::interleave(|name| {
+        let (_, batch) = batches
+            .batches
+            .iter_mut()
+            .find(|(case, _)| case == name)
+            .expect("BENCH_INTERLEAVE names cases of the group");
+        batch()
+    })
+}
+
 fn main() {
+    if interleaved().is_some() {
+        return;
+    }
     common::main(
         |name, runs| {
             let mut counted = Counted {

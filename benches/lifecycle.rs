@@ -298,6 +298,35 @@ fn lifecycle(c: &mut Criterion) {
 
 criterion_group!(benches, lifecycle);
 
+/// `BENCH_INTERLEAVE`: the cases named, in turn, `BENCH_RUNS` runs a batch
+/// (default 2,000), without criterion (see [`common::interleave`]).
+fn interleaved() -> Option<()> {
+    std::env::var_os("BENCH_INTERLEAVE")?;
+    let runs: usize =
+        std::env::var("BENCH_RUNS").map_or(2_000, |r| r.parse().expect("BENCH_RUNS is a number"));
+    let rt = common::runtime();
+    let cases = cases();
+    common::interleave(|name| {
+        let (_, service) = cases
+            .iter()
+            .find(|(case, _)| case == name)
+            .expect("BENCH_INTERLEAVE names cases of the group");
+        rt.block_on(async {
+            let start = std::time::Instant::now();
+            for _ in 0..runs {
+                service
+                    .clone()
+                    .oneshot(RunRequest::new("hi"))
+                    .await
+                    .unwrap();
+            }
+            start.elapsed() / runs as u32
+        })
+    })
+}
+
 fn main() {
-    common::main(counted_runs, benches);
+    if interleaved().is_none() {
+        common::main(counted_runs, benches);
+    }
 }

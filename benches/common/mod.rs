@@ -124,6 +124,56 @@ pub fn noop_model() -> Noop {
     )))
 }
 
+/// The cases named in `BENCH_INTERLEAVE` (comma-separated, the baseline
+/// first), timed in turn, one batch of each a round, for `BENCH_ROUNDS`
+/// rounds (default 30); `batch(case)` runs one batch and answers the time
+/// of one run in it. Prints, per case, its fastest batch and its median,
+/// and the median over the rounds of its difference to the baseline in the
+/// same round. A busy machine slows the cases of a round alike and leaves
+/// the fastest batches alone, where one criterion run after another reads
+/// each case at a different load. `None` when the variable is not set.
+pub fn interleave(mut batch: impl FnMut(&str) -> std::time::Duration) -> Option<()> {
+    let names = std::env::var("BENCH_INTERLEAVE").ok()?;
+    let names: Vec<&str> = names.split(',').map(str::trim).collect();
+    let rounds: usize =
+        std::env::var("BENCH_ROUNDS").map_or(30, |r| r.parse().expect("BENCH_ROUNDS is a number"));
+    let mut times = vec![Vec::with_capacity(rounds); names.len()];
+    for name in &names {
+        // A warm-up batch of each, not counted.
+        batch(name);
+    }
+    for _ in 0..rounds {
+        for (at, name) in names.iter().enumerate() {
+            times[at].push(batch(name).as_secs_f64() * 1e9);
+        }
+    }
+    let median = |values: &[f64]| {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        sorted[sorted.len() / 2]
+    };
+    let fastest_base = times[0].iter().copied().fold(f64::INFINITY, f64::min);
+    println!(
+        "case: fastest batch / median, ns a run; over {} (fastest, median of paired rounds)",
+        names[0]
+    );
+    for (at, name) in names.iter().enumerate() {
+        let fastest = times[at].iter().copied().fold(f64::INFINITY, f64::min);
+        let paired: Vec<f64> = times[at]
+            .iter()
+            .zip(&times[0])
+            .map(|(t, b)| t - b)
+            .collect();
+        println!(
+            "{name}: {fastest:.0} / {:.0}; +{:.0} ns, +{:.0} ns",
+            median(&times[at]),
+            fastest - fastest_base,
+            median(&paired),
+        );
+    }
+    Some(())
+}
+
 /// A bench's `main`. With `BENCH_CASE` and `BENCH_RUNS` set, `count(case,
 /// runs)` runs one case that many times and nothing else, for callgrind:
 /// the difference of two run counts, divided by the difference of the runs,
