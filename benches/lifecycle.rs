@@ -239,15 +239,18 @@ fn counted_runs(case: &str, runs: usize) {
         .into_iter()
         .find(|(name, _)| name == case)
         .expect("BENCH_CASE names a case of the group");
-    rt.block_on(async {
-        for _ in 0..runs {
-            service
-                .clone()
-                .oneshot(RunRequest::new("hi"))
-                .await
-                .unwrap();
-        }
-    });
+    rt.block_on(run_many(&service, runs));
+}
+
+/// `runs` runs of `service`, one after another.
+async fn run_many(service: &tower_agent::BoxAgent, runs: usize) {
+    for _ in 0..runs {
+        service
+            .clone()
+            .oneshot(RunRequest::new("hi"))
+            .await
+            .unwrap();
+    }
 }
 
 fn lifecycle(c: &mut Criterion) {
@@ -311,17 +314,9 @@ fn interleaved() -> Option<()> {
             .iter()
             .find(|(case, _)| case == name)
             .expect("BENCH_INTERLEAVE names cases of the group");
-        rt.block_on(async {
-            let start = std::time::Instant::now();
-            for _ in 0..runs {
-                service
-                    .clone()
-                    .oneshot(RunRequest::new("hi"))
-                    .await
-                    .unwrap();
-            }
-            start.elapsed() / runs as u32
-        })
+        let start = std::time::Instant::now();
+        rt.block_on(run_many(service, runs));
+        start.elapsed() / runs as u32
     })
 }
 
