@@ -59,6 +59,14 @@ fn call() -> ModelCall {
     )
 }
 
+/// Call `n` of a cache miss: a history the cache has not seen, digested
+/// as the run would have.
+fn fresh_call(n: u64) -> ModelCall {
+    let history = History::from(vec![Message::user(format!("Where is order A-{n}?"))]);
+    history.digest();
+    ModelCall::new(ModelRequest::new("bench-model", history), RunContext::new())
+}
+
 /// tower's `Retry` policy at its cheapest: never retries, but copies the
 /// request before each call as every retry policy must.
 #[derive(Clone, Copy)]
@@ -229,9 +237,7 @@ fn layers(c: &mut Criterion) {
     let mut n = 0u64;
     let mut fresh_call = move || {
         n += 1;
-        let history = History::from(vec![Message::user(format!("Where is order A-{n}?"))]);
-        history.digest();
-        ModelCall::new(ModelRequest::new("bench-model", history), RunContext::new())
+        fresh_call(n)
     };
     // The default store (10,000 entries, more than a core's L2 holds once
     // full), and a small one that stays in cache: the same instructions a
@@ -284,9 +290,7 @@ fn count_cache_miss(name: &str, runs: usize) {
     };
     common::runtime().block_on(async {
         for n in 0..runs {
-            let history = History::from(vec![Message::user(format!("Where is order A-{n}?"))]);
-            history.digest();
-            let call = ModelCall::new(ModelRequest::new("bench-model", history), RunContext::new());
+            let call = fresh_call(n as u64);
             let mut svc = svc.clone();
             let response = svc.ready().await.unwrap().call(call).await.unwrap();
             std::hint::black_box(response);
@@ -358,11 +362,7 @@ impl Batches {
                     let calls: Vec<ModelCall> = (0..100)
                         .map(|_| {
                             fresh.set(fresh.get() + 1);
-                            let text = format!("Where is order A-{}?", fresh.get());
-                            let history = History::from(vec![Message::user(text)]);
-                            history.digest();
-                            let request = ModelRequest::new("bench-model", history);
-                            ModelCall::new(request, RunContext::new())
+                            fresh_call(fresh.get())
                         })
                         .collect();
                     took += rt.block_on(async {
