@@ -172,6 +172,9 @@ impl Run {
             // Room for this step's results, not the four a first push makes.
             completed.reserve_exact(source.len());
         }
+        // The step's collection ends in this block: the results borrow the
+        // calls, and the calls are dropped below before the conversation
+        // grows in place.
         let Collected {
             pending, results, ..
         } = {
